@@ -1,0 +1,1 @@
+"""Migration between tiers: Pafka's threshold policy and the service that applies it."""

@@ -1,0 +1,1 @@
+"""Discovery shim: Spark imports top-level ``pyspark_*`` modules to find Python data sources."""

@@ -1,0 +1,85 @@
+"""Chunks: the records of one append to one partition, as one self-contained Arrow IPC stream.
+
+A chunk holds the schema, its record batches and the end-of-stream marker, so it can be read
+zero-copy from a memory map knowing only its byte range. Its checksum is xxh3-64 over those
+bytes, computed when it is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import xxhash
+
+from .errors import CorruptSegment
+
+
+def checksum(buf: pa.Buffer | memoryview | bytes) -> int:
+    """xxh3-64 of a chunk's bytes (zero-copy over Arrow buffers and mappings)."""
+    return xxhash.xxh3_64_intdigest(memoryview(buf))
+
+
+def _options(compression: str) -> pa.ipc.IpcWriteOptions:
+    return pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+
+
+@dataclass
+class EncodedChunk:
+    """A chunk ready to be placed: its batches, their IPC size, and how to write them."""
+
+    batches: list[pa.RecordBatch]
+    schema: pa.Schema
+    size: int
+    records: int
+    compression: str
+    _buffer: pa.Buffer | None = None
+
+    @classmethod
+    def of(cls, batches: list[pa.RecordBatch], schema: pa.Schema, compression: str
+           ) -> EncodedChunk:
+        records = sum(b.num_rows for b in batches)
+        if compression != "none":
+            # Compressing twice (size, then write) would double the cost: encode once.
+            buf = _encode(batches, schema, compression)
+            return cls(batches, schema, buf.size, records, compression, buf)
+        sink = pa.MockOutputStream()
+        _write(sink, batches, schema, compression)
+        return cls(batches, schema, sink.size(), records, compression)
+
+    def buffer(self) -> pa.Buffer:
+        """The chunk's bytes in one buffer (file tiers write it with one pwrite)."""
+        if self._buffer is None:
+            self._buffer = _encode(self.batches, self.schema, self.compression)
+        return self._buffer
+
+    def write_into(self, target: pa.Buffer) -> None:
+        """Write the IPC stream straight into a mutable buffer of at least ``size`` bytes."""
+        if self._buffer is not None:
+            memoryview(target)[: self.size] = memoryview(self._buffer)
+            return
+        _write(pa.FixedSizeBufferWriter(target), self.batches, self.schema, self.compression)
+
+
+def _write(sink: pa.NativeFile, batches: list[pa.RecordBatch], schema: pa.Schema,
+           compression: str) -> None:
+    with pa.ipc.new_stream(sink, schema, options=_options(compression)) as w:
+        for b in batches:
+            w.write_batch(b)
+
+
+def _encode(batches: list[pa.RecordBatch], schema: pa.Schema, compression: str) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    _write(sink, batches, schema, compression)
+    return sink.getvalue()
+
+
+def read_chunk(buf: pa.Buffer, where: str) -> Iterator[pa.RecordBatch]:
+    """Yield the record batches of a chunk held in ``buf`` (zero-copy unless compressed)."""
+    try:
+        reader = pa.ipc.open_stream(buf)
+        yield from reader
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        raise CorruptSegment(f"{where}: the chunk is not a readable Arrow IPC stream ({e})"
+                             ) from None

@@ -1,0 +1,207 @@
+"""A topic's commit log: numbered JSON entries plus periodic checkpoints, on a local or NFS
+filesystem.
+
+Guarantees (the storage contract):
+
+* **Atomic visibility.** An entry is written to a temporary file and fsynced, then ``link``ed
+  to its number; a reader sees the whole entry or no file at all.
+* **One writer per number.** ``link`` fails when the number exists, so two committers never
+  both publish version N; the loser re-reads what it missed and retries or gives up
+  (:class:`~tier_store.errors.CommitConflict`).
+* **Durable before visible to the next step.** The directory is fsynced after the link, so an
+  acknowledged commit survives a crash of the machine.
+* **Incremental reads.** Opening reads the last checkpoint and probes the numbers after it;
+  refreshing probes from the handle's version. The directory is never listed to read.
+* **Bounded size.** Every ``log.checkpoint.interval`` versions a checkpoint (the whole state,
+  one Arrow IPC file) is written; entries and checkpoints older than the previous checkpoint
+  are deleted once they are older than ``log.cleanup.grace.ms``.
+
+Thread-safety: a :class:`CommitLog` holds no mutable state; it is safe to share.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pyarrow as pa
+
+from .crash import crash_point
+from .entries import Entry, decode
+from .errors import CorruptSegment, TopicNotFound
+from .layout import (
+    CHECKPOINT_SUFFIX,
+    LAST_CHECKPOINT,
+    TMP_PREFIX,
+    checkpoint_name,
+    entry_name,
+    fsync_dir,
+    parse_log_name,
+    write_atomic,
+)
+from .state import TopicState
+
+log = logging.getLogger(__name__)
+
+
+class CommitLog:
+    """The ``_log/`` directory of one topic."""
+
+    def __init__(self, path: str, topic: str):
+        self.path = path
+        self.topic = topic
+
+    # -- publication ----------------------------------------------------------------------
+    def publish(self, version: int, entry: Entry) -> bool:
+        """Publish ``entry`` as ``version``; False if that number is already taken."""
+        data = entry.encode()
+        tmp = os.path.join(self.path, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        crash_point("log.publish.tmp")
+        try:
+            os.link(tmp, os.path.join(self.path, entry_name(version)))
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        crash_point("log.publish.linked")
+        fsync_dir(self.path)
+        return True
+
+    # -- reading --------------------------------------------------------------------------
+    def read_entry(self, version: int) -> Entry | None:
+        path = os.path.join(self.path, entry_name(version))
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        return decode(data, path)
+
+    def last_checkpoint(self) -> int | None:
+        try:
+            with open(os.path.join(self.path, LAST_CHECKPOINT), "rb") as f:
+                return int(f.read().strip())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None  # a torn pointer cannot happen (atomic rename); be lenient anyway
+
+    def load(self) -> TopicState:
+        """The topic's newest state: last checkpoint, then every entry after it."""
+        if not os.path.isdir(self.path):
+            raise TopicNotFound(f"topic {self.topic!r} has no commit log at {self.path}")
+        cp = self.last_checkpoint()
+        state = self._read_checkpoint(cp) if cp is not None else None
+        if state is None:
+            state = TopicState(self.topic)
+            if self.read_entry(0) is None:
+                raise TopicNotFound(f"topic {self.topic!r}: commit log {self.path} is empty")
+        return self.refresh(state)
+
+    def refresh(self, state: TopicState) -> TopicState:
+        """Apply the entries published since ``state.version``; returns the state to use."""
+        while True:
+            v = state.version + 1
+            entry = self.read_entry(v)
+            if entry is not None:
+                state.apply(v, entry)
+                continue
+            # No entry v: either nothing new, or old entries were cleaned up behind a
+            # checkpoint newer than this handle. Entries are deleted in ascending order, so
+            # if our own last entry is still there, nothing was cleaned past us.
+            if state.version >= 0 and os.path.exists(
+                    os.path.join(self.path, entry_name(state.version))):
+                return state
+            cp = self.last_checkpoint()
+            if cp is not None and cp > state.version:
+                loaded = self._read_checkpoint(cp)
+                if loaded is not None:
+                    state = loaded
+                    continue
+            if state.version < 0:
+                raise TopicNotFound(f"topic {self.topic!r}: no readable commit log at {self.path}")
+            return state
+
+    def _read_checkpoint(self, version: int) -> TopicState | None:
+        path = os.path.join(self.path, checkpoint_name(version))
+        try:
+            with pa.memory_map(path, "r") as mm:
+                table = pa.ipc.open_file(mm).read_all()
+        except FileNotFoundError:
+            return None
+        except (pa.ArrowInvalid, OSError) as e:
+            raise CorruptSegment(f"checkpoint {path} is unreadable: {e}") from None
+        return TopicState.from_checkpoint(table, path)
+
+    # -- checkpoints and cleanup ----------------------------------------------------------
+    def write_checkpoint(self, state: TopicState, grace_ms: int) -> None:
+        """Write ``state`` as a checkpoint, point ``_last_checkpoint`` at it, clean up."""
+        previous = self.last_checkpoint()
+        if previous is not None and previous >= state.version:
+            return
+        table = state.to_checkpoint()
+        path = os.path.join(self.path, checkpoint_name(state.version))
+        tmp = os.path.join(self.path, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
+        with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            batches = table.to_batches()
+            for i, b in enumerate(batches):
+                w.write_batch(b)
+                if i == len(batches) // 2:
+                    crash_point("checkpoint.write")
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another committer wrote the same version's checkpoint
+        finally:
+            os.unlink(tmp)
+        fsync_dir(self.path)
+        crash_point("checkpoint.pointer")
+        write_atomic(os.path.join(self.path, LAST_CHECKPOINT), str(state.version).encode())
+        log.debug("topic %s: checkpoint at version %d", self.topic, state.version)
+        if previous is not None:
+            self.cleanup(previous, grace_ms)
+
+    def cleanup(self, keep_from: int, grace_ms: int) -> int:
+        """Delete entries and checkpoints below ``keep_from`` (and stale temp files) that are
+        older than the grace period, in ascending order. Returns how many were deleted."""
+        cutoff = time.time() - grace_ms / 1000.0
+        old: list[tuple[int, str]] = []
+        for name in os.listdir(self.path):
+            full = os.path.join(self.path, name)
+            if name.startswith(TMP_PREFIX):
+                try:
+                    if os.stat(full).st_mtime < cutoff:
+                        os.unlink(full)
+                except FileNotFoundError:
+                    pass
+                continue
+            parsed = parse_log_name(name)
+            if parsed is not None and parsed[0] < keep_from:
+                old.append((parsed[0], name))
+        deleted = 0
+        for _version, name in sorted(old):
+            full = os.path.join(self.path, name)
+            try:
+                if os.stat(full).st_mtime >= cutoff:
+                    break  # keep ascending order: stop at the first one still in its grace
+                os.unlink(full)
+                deleted += 1
+            except FileNotFoundError:
+                continue
+        return deleted
+
+    def checkpoint_versions(self) -> list[int]:
+        return sorted(p[0] for n in os.listdir(self.path)
+                      if (p := parse_log_name(n)) and p[1] == CHECKPOINT_SUFFIX)

@@ -1,0 +1,373 @@
+"""Store configuration: every key declared once, with its type, default, range and help.
+
+The validator, the README's key table and ``conf/pafka.properties`` all come from
+:data:`KEYS`. Precedence, highest first: per-call options (a dict), a ``.properties`` file,
+the store's saved configuration (``_store.json``), the declared defaults.
+
+Layout keys (tier types, paths, segment size, channel type) are fixed when a store is
+created; a later open that names a different value fails with :class:`ConfigError` naming
+both values. Keys declared ``changeable`` may differ per open.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+_SIZE_RE = re.compile(r"^\s*(-?\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
+
+TIER_TYPES = ("PMEM", "NVME", "SSD", "HDD", "FILE")
+CHANNEL_TYPES = ("file", "pmem", "tiered")
+COMPRESSION_TYPES = ("none", "lz4", "zstd")
+
+
+def parse_size(text: str) -> int:
+    """Parse ``1073741824``, ``512m``, ``1GiB`` (binary units) into bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(text)
+    unit = (m.group(2) or "").lower()[:1]
+    return int(m.group(1)) * _SIZE_UNITS[unit]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One declared configuration key."""
+
+    name: str
+    kind: str  # int | size | float | enum | list | path
+    default: Any
+    doc: str
+    changeable: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    special: tuple[Any, ...] = ()  # values allowed outside [minimum, maximum], e.g. -1
+    check: Callable[[Any], str | None] | None = field(default=None, compare=False)
+
+    def allowed(self) -> str:
+        """Describe the allowed values, for errors and docs."""
+        if self.kind == "enum":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "list":
+            return "a comma-separated list of " + ", ".join(self.choices)
+        if self.kind == "path":
+            return "a filesystem path"
+        what = {"int": "an integer", "size": "a size in bytes (suffixes k, m, g, t)",
+                "float": "a number"}[self.kind]
+        parts = []
+        if self.minimum is not None:
+            parts.append(f">= {_fmt(self.minimum)}")
+        if self.maximum is not None:
+            parts.append(f"<= {_fmt(self.maximum)}")
+        text = what + (" " + " and ".join(parts) if parts else "")
+        if self.special:
+            text += ", or " + " or ".join(_fmt(s) for s in self.special)
+        return text
+
+    def parse(self, value: Any) -> Any:
+        """Convert ``value`` (a string from a file or a Python value) and check its range."""
+        try:
+            parsed = self._convert(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"invalid value {value!r} for {self.name}: expected {self.allowed()}"
+            ) from None
+        out_of_range = (self.minimum is not None and parsed < self.minimum) or (
+            self.maximum is not None and parsed > self.maximum)
+        if self.kind in ("int", "size", "float") and parsed not in self.special and out_of_range:
+            raise ConfigError(
+                f"value {value!r} for {self.name} is out of range: expected {self.allowed()}"
+            )
+        if self.check is not None and (problem := self.check(parsed)):
+            raise ConfigError(f"invalid value {value!r} for {self.name}: {problem}")
+        return parsed
+
+    def _convert(self, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        if self.kind == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(str(value).strip()) if isinstance(value, str) else int(value)
+        if self.kind == "size":
+            if isinstance(value, str):
+                return parse_size(value)
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if self.kind == "float":
+            return float(value)
+        if self.kind == "enum":
+            text = str(value).strip().lower()
+            if text not in self.choices:
+                raise ValueError(value)
+            return text
+        if self.kind == "list":
+            items = value if isinstance(value, list | tuple) else str(value).split(",")
+            out = tuple(str(v).strip().upper() for v in items if str(v).strip())
+            if not out or any(v not in self.choices for v in out):
+                raise ValueError(value)
+            return out
+        if self.kind == "path":
+            text = os.fspath(value).strip() if not isinstance(value, str) else value.strip()
+            if "," in text:
+                raise ValueError(value)
+            return text
+        raise AssertionError(self.kind)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _threshold_check(v: float) -> str | None:
+    return None if v == -1 or 0.0 <= v <= 1.0 else "expected a fraction in [0, 1], or -1 to disable"
+
+
+_DAY_MS = 24 * 3600 * 1000
+
+KEYS: dict[str, ConfigKey] = {
+    k.name: k
+    for k in [
+        ConfigKey("log.channel.type", "enum", "file",
+                  "Storage layout: one file tier (file), one pmem tier (pmem), or the tiers "
+                  "listed in storage.tiers.types (tiered).", choices=CHANNEL_TYPES),
+        ConfigKey("storage.tiers.types", "list", ("PMEM", "HDD"),
+                  "Tier types, fastest first, for log.channel.type=tiered. PMEM tiers are "
+                  "written through a memory mapping with libpmem; the others with write + fsync.",
+                  choices=TIER_TYPES),
+        ConfigKey("storage.tiers.first.paths", "path", "",
+                  "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
+        ConfigKey("storage.tiers.first.sizes", "size", 1 * GiB,
+                  "Capacity of tier 1 in bytes. Alias of storage.tiers.1.sizes.",
+                  changeable=True, minimum=64 * KiB),
+        ConfigKey("storage.tiers.second.paths", "path", "",
+                  "Directory of tier 2 (empty: <root>/tier-2). Alias of storage.tiers.2.paths."),
+        ConfigKey("storage.tiers.second.sizes", "size", 0,
+                  "Capacity of tier 2 in bytes; 0 means limited only by the filesystem. "
+                  "Alias of storage.tiers.2.sizes.", changeable=True, minimum=0),
+        ConfigKey("storage.migrate.threshold", "float", 0.5,
+                  "Fraction of tier 1 that should hold data in the balanced state; -1 disables "
+                  "migration.", changeable=True, check=_threshold_check),
+        ConfigKey("storage.migrate.threads", "int", 1,
+                  "Segments moved in parallel by the migration service.", changeable=True,
+                  minimum=1, maximum=64),
+        ConfigKey("log.pmem.pool.ratio", "float", 0.8,
+                  "Fraction of a PMEM tier pre-allocated as a pool of segment files.",
+                  minimum=0.01, maximum=1.0),
+        ConfigKey("log.segment.bytes", "size", 64 * MiB,
+                  "Size at which the active segment is sealed and the next one started.",
+                  minimum=16 * KiB, maximum=1024 * GiB),
+        ConfigKey("log.segment.ms", "int", 7 * _DAY_MS,
+                  "Age at which an idle active segment is sealed, in milliseconds.",
+                  changeable=True, minimum=1),
+        ConfigKey("log.retention.bytes", "size", -1,
+                  "Bytes kept per partition before the oldest sealed segments are deleted; "
+                  "-1 keeps all.", changeable=True, minimum=0, special=(-1,)),
+        ConfigKey("log.retention.ms", "int", 7 * _DAY_MS,
+                  "Age after which sealed segments are deleted, in milliseconds; -1 keeps all.",
+                  changeable=True, minimum=0, special=(-1,)),
+        ConfigKey("log.checkpoint.interval", "int", 100,
+                  "Commit-log entries between checkpoints of the topic state.", changeable=True,
+                  minimum=2, maximum=1_000_000),
+        ConfigKey("log.cleanup.grace.ms", "int", 600_000,
+                  "Age before unreferenced files, old log entries and freed segments are "
+                  "reclaimed, in milliseconds; longer than any batch.", changeable=True,
+                  minimum=0),
+        ConfigKey("num.partitions", "int", 1, "Partitions of a topic created without a count.",
+                  changeable=True, minimum=1, maximum=100_000),
+        ConfigKey("compression.type", "enum", "none",
+                  "Arrow IPC buffer compression of new chunks.", changeable=True,
+                  choices=COMPRESSION_TYPES),
+    ]
+}
+
+# storage.tiers.<n>.paths / .sizes for n >= 1; first and second are aliases of 1 and 2.
+_NUMBERED_RE = re.compile(r"^storage\.tiers\.(\d+)\.(paths|sizes)$")
+_ALIASES = {"first": 1, "second": 2}
+# Keys saved with the store that may not change after creation.
+LAYOUT_KEYS = tuple(k for k, d in KEYS.items() if not d.changeable)
+
+
+def canonical_key(name: str) -> str:
+    """Map ``storage.tiers.1.paths`` to the declared ``storage.tiers.first.paths`` form.
+
+    Numbered tiers above 2 keep their numbered name.
+    """
+    m = _NUMBERED_RE.match(name)
+    if m:
+        n = int(m.group(1))
+        for alias, num in _ALIASES.items():
+            if num == n:
+                return f"storage.tiers.{alias}.{m.group(2)}"
+    return name
+
+
+def key_for(name: str) -> ConfigKey:
+    """Return the declaration of ``name``; unknown names raise naming the closest keys."""
+    canon = canonical_key(name)
+    if canon in KEYS:
+        return KEYS[canon]
+    m = _NUMBERED_RE.match(canon)
+    if m and int(m.group(1)) >= 3:
+        base = KEYS[f"storage.tiers.second.{m.group(2)}"]
+        return ConfigKey(canon, base.kind, 0 if m.group(2) == "sizes" else "",
+                         f"Tier {m.group(1)}: {m.group(2)}.", changeable=base.changeable,
+                         minimum=base.minimum)
+    close = difflib.get_close_matches(name, list(KEYS), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see conf/pafka.properties"
+    raise ConfigError(f"unknown configuration key {name!r}{hint}")
+
+
+def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a Java-style ``.properties`` file (``key=value``, ``#`` comments)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read configuration file {str(p)!r}: {e.strerror}") from None
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep <= 0:
+            raise ConfigError(f"{p}:{lineno}: expected key=value, got {raw!r}")
+        out[line[:sep].strip()] = line[sep + 1 :].strip()
+    return out
+
+
+def parse_config(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate user-supplied keys; returns canonical names mapped to parsed values."""
+    out: dict[str, Any] = {}
+    for name, value in (values or {}).items():
+        key = key_for(str(name))
+        out[key.name] = key.parse(value)
+    return out
+
+
+def load_config(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
+    """Accept a dict, a ``.properties`` path, or None; return parsed canonical keys."""
+    if config is None:
+        return {}
+    if isinstance(config, str | os.PathLike):
+        return parse_config(read_properties(config))
+    if isinstance(config, Mapping):
+        return parse_config(config)
+    raise ConfigError(
+        f"config must be a dict or the path of a .properties file, not {type(config).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A tier as configured: number (1 = fastest), type, directory, capacity (0 = unbounded)."""
+
+    number: int
+    type: str
+    path: str
+    size: int
+
+    @property
+    def is_pmem(self) -> bool:
+        return self.type == "PMEM"
+
+
+class StoreConfig:
+    """Resolved configuration of one open store (defaults < saved < given)."""
+
+    def __init__(self, values: Mapping[str, Any]):
+        self._values = dict(values)
+
+    def __getitem__(self, name: str) -> Any:
+        canon = canonical_key(name)
+        if canon in self._values:
+            return self._values[canon]
+        return key_for(canon).default
+
+    def get(self, name: str, default: Any = None) -> Any:
+        canon = canonical_key(name)
+        return self._values.get(canon, KEYS[canon].default if canon in KEYS else default)
+
+    def explicit(self) -> dict[str, Any]:
+        """The keys set by a file, a dict or the saved config (not defaults)."""
+        return dict(self._values)
+
+    def with_overrides(self, values: Mapping[str, Any]) -> StoreConfig:
+        merged = dict(self._values)
+        merged.update(values)
+        return StoreConfig(merged)
+
+    def tiers(self, root: str) -> list[TierSpec]:
+        """The tiers the layout keys describe, fastest first."""
+        channel = self["log.channel.type"]
+        types: Iterable[str]
+        if channel == "file":
+            types = ("FILE",)
+        elif channel == "pmem":
+            types = ("PMEM",)
+        else:
+            types = self["storage.tiers.types"]
+        specs = []
+        for n, t in enumerate(types, 1):
+            path = self[f"storage.tiers.{n}.paths"] or os.path.join(root, f"tier-{n}")
+            default_size = GiB if n == 1 else 0
+            size_key = canonical_key(f"storage.tiers.{n}.sizes")
+            size = self._values.get(size_key, default_size)
+            specs.append(TierSpec(n, t, os.path.abspath(path), int(size)))
+        return specs
+
+    def layout(self, root: str) -> dict[str, Any]:
+        """What is saved at the root and checked on every later open."""
+        return {
+            "log.channel.type": self["log.channel.type"],
+            "storage.tiers.types": [t.type for t in self.tiers(root)],
+            "tier.paths": [t.path for t in self.tiers(root)],
+            "log.segment.bytes": self["log.segment.bytes"],
+            "log.pmem.pool.ratio": self["log.pmem.pool.ratio"],
+        }
+
+
+def properties_text() -> str:
+    """Render every declared key as a commented ``.properties`` file (conf/pafka.properties)."""
+    lines = ["# Pafka for Spark: store configuration. Every key, its default and what it means.",
+             "# Generated from tier_store/config.py (KEYS); a test checks the two agree.", ""]
+    for key in KEYS.values():
+        lines.append(f"# {key.doc}")
+        fixed = "" if key.changeable else " Fixed when the store is created."
+        lines.append(f"# Allowed: {key.allowed()}.{fixed}")
+        lines.append(f"{key.name}={render_value(key.default)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_value(value: Any) -> str:
+    """Render a parsed value back to its ``.properties`` text."""
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def markdown_table() -> str:
+    """The README's table of keys."""
+    rows = ["| key | default | allowed | changeable | meaning |", "|---|---|---|---|---|"]
+    for key in KEYS.values():
+        rows.append(f"| `{key.name}` | `{render_value(key.default)}` | {key.allowed()} | "
+                    f"{'yes' if key.changeable else 'no'} | {key.doc} |")
+    rows.append("| `storage.tiers.<n>.paths` / `.sizes` | | as tier 1 / 2 | | Tier n of "
+                "storage.tiers.types (1-based; `first` = 1, `second` = 2). |")
+    return "\n".join(rows)

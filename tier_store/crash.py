@@ -1,0 +1,36 @@
+"""Named crash points for crash tests.
+
+A test sets ``PAFKA_CRASH_POINT=<name>`` (and optionally ``PAFKA_CRASH_AFTER=<n>``, the number
+of passes through the point to survive first) in a subprocess; the process kills itself with
+SIGKILL when it reaches that point, leaving files exactly as a power cut of the process would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_POINT = os.environ.get("PAFKA_CRASH_POINT", "")
+_after = int(os.environ.get("PAFKA_CRASH_AFTER", "0") or 0)
+
+POINTS = (
+    "chunk.copy",  # half of the chunk copied into the segment, partition lock held
+    "chunk.flushed",  # chunk flushed, header not yet advanced
+    "chunk.header",  # header advanced in memory, not yet flushed
+    "log.publish.tmp",  # entry's temp file written, not yet linked to its number
+    "log.publish.linked",  # entry linked, directory not yet fsynced
+    "checkpoint.write",  # checkpoint's temp file half written
+    "checkpoint.pointer",  # checkpoint written, _last_checkpoint not yet updated
+    "segment.roll.sealed",  # old segment sealed, new one not yet created
+    "segment.roll.created",  # new segment created, active pointer not yet switched
+)
+
+
+def crash_point(name: str) -> None:
+    """Kill this process with SIGKILL if ``name`` is the armed crash point."""
+    global _after
+    if _POINT and name == _POINT:
+        if _after > 0:
+            _after -= 1
+            return
+        os.kill(os.getpid(), signal.SIGKILL)

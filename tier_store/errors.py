@@ -1,0 +1,43 @@
+"""The store's exceptions: one hierarchy, each message naming the thing at fault and the fix."""
+
+from __future__ import annotations
+
+
+class PafkaError(Exception):
+    """Base of every error the store raises on purpose."""
+
+
+class ConfigError(PafkaError, ValueError):
+    """A configuration key or value is unknown, out of range, or conflicts with the saved one."""
+
+
+class TopicNotFound(PafkaError, LookupError):
+    """The named topic does not exist in the store."""
+
+
+class TopicExists(PafkaError):
+    """A topic of that name already exists."""
+
+
+class SchemaMismatch(PafkaError, ValueError):
+    """Data written to a topic does not match the topic's schema."""
+
+
+class CommitConflict(PafkaError):
+    """A commit lost a race that it cannot retry (its chunks were moved, merged or deleted)."""
+
+
+class StoreFull(PafkaError):
+    """No tier has room for a new segment."""
+
+
+class DataLoss(PafkaError):
+    """Requested records are gone: deleted by retention, or their segment file is missing."""
+
+
+class CorruptSegment(PafkaError):
+    """A chunk's bytes do not match the checksum recorded when it was written."""
+
+
+class PmemUnavailable(PafkaError, OSError):
+    """libpmem could not be loaded."""

@@ -1,0 +1,82 @@
+"""Reclaiming segment files that no commit-log entry references any more.
+
+Rules (run by writers after a checkpoint, and by the migration service; never by a reader or
+an ``open``):
+
+* A file is reclaimed only when nothing references it: not a committed segment of the topic's
+  state, not a partition's active segment.
+* A segment deleted by retention or replaced by a move is reclaimed only once its ``delete``
+  or ``move`` entry is older than ``log.cleanup.grace.ms``, so a reader that planned against
+  it still finishes. Any other unreferenced file (a roll interrupted by a crash, chunks never
+  committed) only once it has been untouched for that long.
+* Only under the partition's lock, taken without waiting: a busy partition is left for the
+  next pass. Pool files go back to the pool, never deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from .layout import SEGMENT_SUFFIX, segment_id
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .topic import Topic
+
+log = logging.getLogger(__name__)
+
+
+def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int:
+    """Reclaim ``topic``'s unreferenced segment files past the grace period; return count."""
+    now = time.time() if now is None else now
+    grace_s = topic._setting("log.cleanup.grace.ms") / 1000.0
+    st = topic.state()
+    reclaimed = 0
+    for tier in store.tiers:
+        tdir = os.path.join(tier.path, topic.name)
+        if not os.path.isdir(tdir):
+            continue
+        for pname in os.listdir(tdir):
+            if not pname.isdigit():
+                continue
+            p = int(pname)
+            pdir = os.path.join(tdir, pname)
+            candidates = []
+            active = topic.active_segment(p) if p < st.partitions else None
+            for fname in os.listdir(pdir):
+                if not fname.endswith(SEGMENT_SUFFIX) or not fname[:-4].isdigit():
+                    continue
+                seq = int(fname[: -len(SEGMENT_SUFFIX)])
+                sid = segment_id(p, seq)
+                seg = st.segments.get(sid)
+                if (seg is not None and seg.tier == tier.number) or active == (seq, tier.number):
+                    continue
+                tomb = st.tombstones.get(sid)
+                path = os.path.join(pdir, fname)
+                if tomb is not None and tomb[0] == tier.number:
+                    age = now - tomb[1] / 1000.0
+                else:
+                    try:
+                        age = now - os.stat(path).st_mtime
+                    except FileNotFoundError:
+                        continue
+                if age > grace_s:
+                    candidates.append(path)
+            if not candidates:
+                continue
+            with store.partition_lock(topic.name, p, blocking=False) as held:
+                if not held:
+                    continue
+                # The active pointer may have moved while we looked: re-check under the lock.
+                active = topic.active_segment(p)
+                for path in candidates:
+                    seq = int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)])
+                    if active == (seq, tier.number):
+                        continue
+                    tier.release_segment(path)
+                    reclaimed += 1
+                    log.info("reclaimed unreferenced segment file %s", path)
+    return reclaimed

@@ -1,0 +1,121 @@
+"""Names and paths of everything the store keeps on disk.
+
+Under the store root::
+
+    _store.json                         saved configuration (tiers, segment size)
+    <topic>/_log/<20-digit>.json        commit-log entries, one per version
+    <topic>/_log/<20-digit>.checkpoint  topic state at that version (Arrow IPC file)
+    <topic>/_log/_last_checkpoint       version of the newest checkpoint
+    <topic>/_partitions/<p>.lock        flock held while appending a chunk to partition p
+    <topic>/_partitions/<p>.active      JSON naming partition p's active segment
+
+Under each tier directory::
+
+    <topic>/<p>/<20-digit seq>.seg      a segment of partition p
+    _pool/<6-digit slot>.pool           a free, pre-sized segment file (pmem tiers)
+
+Numbers are zero-padded to 20 digits so that ``ls`` sorts them numerically.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import PafkaError
+
+STORE_FILE = "_store.json"
+LOG_DIR = "_log"
+PARTITIONS_DIR = "_partitions"
+POOL_DIR = "_pool"
+ENTRY_SUFFIX = ".json"
+CHECKPOINT_SUFFIX = ".checkpoint"
+LAST_CHECKPOINT = "_last_checkpoint"
+SEGMENT_SUFFIX = ".seg"
+POOL_SUFFIX = ".pool"
+TMP_PREFIX = ".tmp-"
+
+_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_SEGMENT_ID_RE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def check_topic_name(name: object) -> str:
+    """Validate a topic name by Kafka's rule; raise naming the rule otherwise."""
+    if not isinstance(name, str) or not _TOPIC_RE.match(name) or name in (".", ".."):
+        raise PafkaError(
+            f"invalid topic name {name!r}: use 1 to 249 characters from [a-zA-Z0-9._-], "
+            "not '.' or '..'"
+        )
+    if name.startswith("_"):
+        raise PafkaError(f"invalid topic name {name!r}: names starting with '_' are reserved")
+    return name
+
+
+def entry_name(version: int) -> str:
+    return f"{version:020d}{ENTRY_SUFFIX}"
+
+
+def checkpoint_name(version: int) -> str:
+    return f"{version:020d}{CHECKPOINT_SUFFIX}"
+
+
+def parse_log_name(name: str) -> tuple[int, str] | None:
+    """``00000000000000000042.json`` -> (42, '.json'); None for other files."""
+    for suffix in (ENTRY_SUFFIX, CHECKPOINT_SUFFIX):
+        if name.endswith(suffix):
+            stem = name[: -len(suffix)]
+            if len(stem) == 20 and stem.isdigit():
+                return int(stem), suffix
+    return None
+
+
+def segment_id(partition: int, seq: int) -> str:
+    """A segment's id within its topic: ``<partition>-<seq>``."""
+    return f"{partition}-{seq}"
+
+
+def parse_segment_id(sid: str) -> tuple[int, int]:
+    m = _SEGMENT_ID_RE.match(sid)
+    if not m:
+        raise PafkaError(f"invalid segment id {sid!r}: expected <partition>-<sequence>")
+    return int(m.group(1)), int(m.group(2))
+
+
+def segment_relpath(topic: str, partition: int, seq: int) -> str:
+    """Path of a segment relative to its tier directory."""
+    return os.path.join(topic, str(partition), f"{seq:020d}{SEGMENT_SUFFIX}")
+
+
+def topic_dir(root: str, topic: str) -> str:
+    return os.path.join(root, topic)
+
+
+def log_dir(root: str, topic: str) -> str:
+    return os.path.join(root, topic, LOG_DIR)
+
+
+def partitions_dir(root: str, topic: str) -> str:
+    return os.path.join(root, topic, PARTITIONS_DIR)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (created, linked, renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+    d = os.path.dirname(path)
+    tmp = os.path.join(d, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(d)

@@ -1,0 +1,65 @@
+"""Small value types the store hands out: chunk references, append results, segment info."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """A chunk written durably by :meth:`Topic.write_chunks` and not yet committed.
+
+    Picklable and JSON-friendly (:meth:`to_dict`), so that executors can hand it to the
+    process that commits.
+    """
+
+    topic: str
+    partition: int
+    seq: int  # segment sequence number within the partition
+    tier: int
+    pos: int
+    length: int
+    records: int
+    checksum: int
+    written_ms: int
+    tmin: int | None = None
+    tmax: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChunkRef:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where committed records landed: their partition, first offset and count."""
+
+    partition: int
+    base_offset: int
+    records: int
+    version: int
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """A committed segment as the log knows it."""
+
+    id: str
+    topic: str
+    partition: int
+    base_offset: int
+    end_offset: int
+    records: int
+    bytes: int
+    chunks: int
+    tier: int
+    tier_type: str
+    path: str
+    sealed: bool
+    first_timestamp: int
+    last_timestamp: int

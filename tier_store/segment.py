@@ -1,0 +1,66 @@
+"""The segment file format.
+
+A segment is one partition's file of chunks. It starts with a fixed header page::
+
+    offset  size  field
+    0       8     magic  b"PAFKASEG"
+    8       4     format version (1)
+    12      4     partition
+    16      8     sequence number (the segment's id is "<partition>-<sequence>")
+    24      8     end: first free byte, where the next chunk goes
+    32      8     sealed: 1 once no chunk will be appended any more
+    40      8     created, milliseconds since the epoch
+
+Each field is one aligned 8-byte word (4 for the small ones), so an update of ``end`` or
+``sealed`` is a single aligned store: never torn. Chunks start at ``HEADER_SIZE`` and are
+aligned to ``CHUNK_ALIGN`` bytes so that Arrow buffers inside them are aligned too.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .errors import CorruptSegment
+
+MAGIC = b"PAFKASEG"
+VERSION = 1
+HEADER_SIZE = 4096
+CHUNK_ALIGN = 64
+_FMT = struct.Struct("<8sIIQQQQ")
+END_OFFSET = 24
+SEALED_OFFSET = 32
+WORD = struct.Struct("<Q")
+
+
+def align(n: int) -> int:
+    return (n + CHUNK_ALIGN - 1) & ~(CHUNK_ALIGN - 1)
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    """The decoded header of a segment file."""
+
+    partition: int
+    seq: int
+    end: int
+    sealed: bool
+    created_ms: int
+
+    def pack(self) -> bytes:
+        raw = _FMT.pack(MAGIC, VERSION, self.partition, self.seq, self.end, int(self.sealed),
+                        self.created_ms)
+        return raw + b"\0" * (HEADER_SIZE - len(raw))
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview, path: str) -> SegmentHeader:
+        if len(data) < _FMT.size:
+            raise CorruptSegment(f"segment {path}: header is truncated ({len(data)} bytes)")
+        magic, version, partition, seq, end, sealed, created = _FMT.unpack_from(data, 0)
+        if magic != MAGIC:
+            raise CorruptSegment(f"segment {path}: bad magic {magic!r}, not a pafka segment")
+        if version != VERSION:
+            raise CorruptSegment(f"segment {path}: unsupported format version {version}")
+        if end < HEADER_SIZE:
+            raise CorruptSegment(f"segment {path}: end {end} lies inside the header")
+        return cls(partition, seq, end, bool(sealed), created)

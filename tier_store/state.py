@@ -1,0 +1,286 @@
+"""A topic's state, rebuilt by replaying its commit log.
+
+Replay rules, applied in version order:
+
+* ``create`` sets the schema, the partition count and topic config; it is entry 0.
+* ``append`` assigns nothing any more: its chunks carry their base offsets. It adds them to
+  their partitions' chunk indexes, creates the segments it names on first sight, advances
+  ``next_offset``, and raises the writer's highest batch id.
+* ``delete`` removes whole segments; the partition's earliest offset moves to the first
+  retained record; the files become tombstones, reclaimed after the grace period.
+* ``move`` replaces sealed segments of one partition by one segment on another tier; offsets
+  are unchanged, chunk positions are the new ones; the old files become tombstones.
+* ``partitions`` raises the partition count; ``position`` records a consumer group's offsets;
+  ``config`` updates topic config (the most recent value of a key wins).
+* Every entry's ``ts`` raises ``last_ts``; timestamps are monotonic per topic.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .entries import (
+    AppendEntry,
+    ChunkRecord,
+    ConfigEntry,
+    CreateEntry,
+    DeleteEntry,
+    Entry,
+    MoveEntry,
+    PartitionsEntry,
+    PositionEntry,
+    schema_from_text,
+    schema_to_text,
+)
+from .errors import CorruptSegment
+from .layout import segment_id
+
+NO_TIME = np.iinfo(np.int64).min
+CHUNK_DTYPE = np.dtype([
+    ("seq", "<i8"), ("pos", "<i8"), ("len", "<i8"), ("base", "<i8"), ("n", "<i8"),
+    ("crc", "<u8"), ("ts", "<i8"), ("tmin", "<i8"), ("tmax", "<i8"),
+])
+
+
+class ChunkIndex:
+    """One partition's committed chunks in offset order, as a growable numpy table."""
+
+    def __init__(self, rows: np.ndarray | None = None):
+        self._a = rows.copy() if rows is not None else np.empty(16, CHUNK_DTYPE)
+        self._lo = 0
+        self._hi = len(rows) if rows is not None else 0
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    def rows(self) -> np.ndarray:
+        return self._a[self._lo:self._hi]
+
+    def append(self, c: ChunkRecord, ts: int) -> None:
+        if self._hi == len(self._a):
+            live = self.rows()
+            grown = np.empty(max(16, 2 * len(live)), CHUNK_DTYPE)
+            grown[: len(live)] = live
+            self._a, self._lo, self._hi = grown, 0, len(live)
+        self._a[self._hi] = (c.seq, c.pos, c.len, c.base, c.n, c.crc, ts,
+                             NO_TIME if c.tmin is None else c.tmin,
+                             NO_TIME if c.tmax is None else c.tmax)
+        self._hi += 1
+
+    def drop_segments(self, seqs: set[int]) -> None:
+        rows = self.rows()
+        keep = ~np.isin(rows["seq"], list(seqs))
+        if keep.all():
+            return
+        kept = rows[keep]
+        self._a = kept.copy() if len(kept) else np.empty(16, CHUNK_DTYPE)
+        self._lo, self._hi = 0, len(kept)
+
+    def replace_segments(self, seqs: set[int], new: list[ChunkRecord], ts_of: np.ndarray) -> None:
+        """Swap the chunks of ``seqs`` for ``new`` (same offsets, new positions)."""
+        rows = self.rows()
+        mask = np.isin(rows["seq"], list(seqs))
+        old = rows[mask]
+        repl = np.empty(len(new), CHUNK_DTYPE)
+        for i, c in enumerate(new):
+            repl[i] = (c.seq, c.pos, c.len, c.base, c.n, c.crc, 0,
+                       NO_TIME if c.tmin is None else c.tmin,
+                       NO_TIME if c.tmax is None else c.tmax)
+        # Timestamps travel with the offsets they belong to.
+        order = np.searchsorted(old["base"], repl["base"])
+        repl["ts"] = old["ts"][np.clip(order, 0, max(0, len(old) - 1))] if len(old) else ts_of
+        merged = np.concatenate([rows[~mask], repl])
+        merged.sort(order="base", kind="stable")
+        self._a, self._lo, self._hi = merged, 0, len(merged)
+
+    def committed_since(self, ts: int) -> np.ndarray:
+        """Rows committed at or after ``ts`` (rows are in commit order, ``ts`` monotonic)."""
+        rows = self.rows()
+        return rows[int(np.searchsorted(rows["ts"], ts, side="left")):]
+
+    def locate(self, offset: int) -> int:
+        """Index (into :meth:`rows`) of the chunk holding ``offset``."""
+        return int(np.searchsorted(self.rows()["base"], offset, side="right")) - 1
+
+
+@dataclass
+class SegmentState:
+    """What the log knows of one segment."""
+
+    partition: int
+    seq: int
+    tier: int
+    base: int  # first offset
+    end: int  # next offset after its last committed record
+    records: int
+    bytes: int  # committed chunk bytes
+    extent: int  # max(pos + len) of committed chunks: the file length readers need
+    chunks: int
+    first_ts: int
+    last_ts: int
+
+    @property
+    def id(self) -> str:
+        return segment_id(self.partition, self.seq)
+
+
+@dataclass
+class TopicState:
+    """A topic's state at one commit-log version."""
+
+    name: str
+    version: int = -1
+    schema: pa.Schema | None = None
+    partitions: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    created_ts: int = 0
+    last_ts: int = 0
+    next_offset: list[int] = field(default_factory=list)
+    start_offset: list[int] = field(default_factory=list)
+    segments: dict[str, SegmentState] = field(default_factory=dict)
+    chunks: list[ChunkIndex] = field(default_factory=list)
+    writers: dict[str, int] = field(default_factory=dict)
+    positions: dict[str, dict[str, int]] = field(default_factory=dict)
+    # id -> [tier, deleted_ts] of segment files no longer referenced, reclaimed after grace
+    tombstones: dict[str, list[int]] = field(default_factory=dict)
+
+    # -- replay -------------------------------------------------------------------------
+    def apply(self, version: int, entry: Entry) -> None:
+        if version != self.version + 1:
+            raise CorruptSegment(
+                f"topic {self.name!r}: commit log version {version} follows {self.version}"
+            )
+        if isinstance(entry, CreateEntry):
+            self.schema = schema_from_text(entry.schema)
+            self.config = dict(entry.config)
+            self.created_ts = entry.ts
+            self._grow(entry.partitions)
+        elif isinstance(entry, AppendEntry):
+            self._apply_append(entry)
+        elif isinstance(entry, DeleteEntry):
+            self._apply_delete(entry)
+        elif isinstance(entry, MoveEntry):
+            self._apply_move(entry)
+        elif isinstance(entry, PartitionsEntry):
+            self._grow(entry.partitions)
+        elif isinstance(entry, PositionEntry):
+            self.positions[entry.group] = dict(entry.offsets)
+        elif isinstance(entry, ConfigEntry):
+            self.config.update(entry.config)
+        self.last_ts = max(self.last_ts, entry.ts)
+        self.version = version
+
+    def _grow(self, partitions: int) -> None:
+        while self.partitions < partitions:
+            self.next_offset.append(0)
+            self.start_offset.append(0)
+            self.chunks.append(ChunkIndex())
+            self.partitions += 1
+
+    def _apply_append(self, e: AppendEntry) -> None:
+        for c in e.chunks:
+            sid = segment_id(c.p, c.seq)
+            seg = self.segments.get(sid)
+            if seg is None:
+                seg = SegmentState(c.p, c.seq, c.tier, c.base, c.base, 0, 0, 0, 0, e.ts, e.ts)
+                self.segments[sid] = seg
+            # Concurrent writers may commit a segment's chunks out of order, so a segment's
+            # offsets need not be one range: keep its min and max.
+            seg.base = min(seg.base, c.base)
+            seg.end = max(seg.end, c.base + c.n)
+            seg.records += c.n
+            seg.bytes += c.len
+            seg.extent = max(seg.extent, c.pos + c.len)
+            seg.chunks += 1
+            seg.last_ts = e.ts
+            self.chunks[c.p].append(c, e.ts)
+            self.next_offset[c.p] = c.base + c.n
+        if e.writer is not None and e.batch is not None:
+            self.writers[e.writer] = max(self.writers.get(e.writer, -1), e.batch)
+
+    def _apply_delete(self, e: DeleteEntry) -> None:
+        by_part: dict[int, set[int]] = {}
+        for sid in e.segments:
+            seg = self.segments.pop(sid, None)
+            if seg is None:
+                continue
+            self.tombstones[sid] = [seg.tier, e.ts]
+            by_part.setdefault(seg.partition, set()).add(seg.seq)
+        for p, seqs in by_part.items():
+            self.chunks[p].drop_segments(seqs)
+            remaining = [s.base for s in self.segments.values() if s.partition == p]
+            self.start_offset[p] = min(remaining) if remaining else self.next_offset[p]
+
+    def _apply_move(self, e: MoveEntry) -> None:
+        olds = [self.segments.pop(segment_id(e.p, s)) for s in e.sources]
+        for old in olds:
+            if not (old.seq == e.seq and old.tier == e.tier):
+                self.tombstones[old.id] = [old.tier, e.ts]
+        new = SegmentState(
+            e.p, e.seq, e.tier, min(o.base for o in olds), max(o.end for o in olds),
+            sum(c.n for c in e.chunks), sum(c.len for c in e.chunks),
+            max((c.pos + c.len for c in e.chunks), default=0),
+            len(e.chunks), min(o.first_ts for o in olds), max(o.last_ts for o in olds))
+        self.segments[new.id] = new
+        self.tombstones.pop(new.id, None)
+        self.chunks[e.p].replace_segments({o.seq for o in olds}, list(e.chunks),
+                                          np.zeros(len(e.chunks), np.int64))
+
+    # -- queries ------------------------------------------------------------------------
+    def partition_segments(self, p: int) -> list[SegmentState]:
+        return sorted((s for s in self.segments.values() if s.partition == p),
+                      key=lambda s: s.base)
+
+    # -- checkpoints --------------------------------------------------------------------
+    def to_checkpoint(self) -> pa.Table:
+        """The whole state as one Arrow table: chunk rows, the rest as schema metadata."""
+        meta = {
+            "name": self.name, "version": self.version,
+            "schema": schema_to_text(self.schema) if self.schema is not None else None,
+            "partitions": self.partitions, "config": self.config,
+            "created_ts": self.created_ts, "last_ts": self.last_ts,
+            "next_offset": self.next_offset, "start_offset": self.start_offset,
+            "segments": [asdict(s) for s in self.segments.values()],
+            "writers": self.writers, "positions": self.positions,
+            "tombstones": self.tombstones,
+            "chunk_counts": [len(c) for c in self.chunks],
+        }
+        rows = np.concatenate([c.rows() for c in self.chunks]) if self.chunks \
+            else np.empty(0, CHUNK_DTYPE)
+        cols = {name: pa.array(rows[name]) for name in CHUNK_DTYPE.names}
+        table = pa.table(cols)
+        return table.replace_schema_metadata({b"pafka.state": json.dumps(meta).encode()})
+
+    @classmethod
+    def from_checkpoint(cls, table: pa.Table, where: str) -> TopicState:
+        try:
+            meta = json.loads(table.schema.metadata[b"pafka.state"])
+            st = cls(meta["name"])
+            st.version = meta["version"]
+            st.schema = schema_from_text(meta["schema"]) if meta["schema"] else None
+            st.partitions = meta["partitions"]
+            st.config = meta["config"]
+            st.created_ts, st.last_ts = meta["created_ts"], meta["last_ts"]
+            st.next_offset, st.start_offset = meta["next_offset"], meta["start_offset"]
+            st.segments = {}
+            for s in meta["segments"]:
+                seg = SegmentState(**s)
+                st.segments[seg.id] = seg
+            st.writers, st.positions = meta["writers"], meta["positions"]
+            st.tombstones = meta["tombstones"]
+            rows = np.empty(table.num_rows, CHUNK_DTYPE)
+            for name in CHUNK_DTYPE.names:
+                rows[name] = table.column(name).to_numpy()
+            st.chunks = []
+            at = 0
+            for n in meta["chunk_counts"]:
+                st.chunks.append(ChunkIndex(rows[at:at + n]))
+                at += n
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSegment(f"checkpoint {where} is malformed: {e!r}") from None
+        return st

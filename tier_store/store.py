@@ -1,0 +1,326 @@
+"""The store: a root directory holding topics, their commit logs, and the configured tiers.
+
+``Store.open(root, config)`` saves the layout (tiers, paths, segment size) in
+``<root>/_store.json`` on first open; every later open — executors, the CLI, notebooks —
+reads it, and a given layout key that differs is a :class:`ConfigError` naming both values.
+
+Thread-safety: a store may be shared by threads; topic handles are cached per store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from .commit_log import CommitLog
+from .config import LAYOUT_KEYS, StoreConfig, load_config, parse_config, render_value
+from .entries import CreateEntry, schema_to_text
+from .errors import ConfigError, PafkaError, StoreFull, TopicExists, TopicNotFound
+from .garbage import collect_garbage
+from .layout import (
+    STORE_FILE,
+    check_topic_name,
+    entry_name,
+    fsync_dir,
+    log_dir,
+    partitions_dir,
+)
+from .state import TopicState
+from .tiers import PmemTier, SegmentWriter, Tier, make_tier
+from .topic import Topic
+
+log = logging.getLogger(__name__)
+
+_FORMAT = 1
+_locks_guard = threading.Lock()
+_thread_locks: dict[str, threading.Lock] = {}
+_lock_fds: dict[str, int] = {}
+
+
+def _forget_locks_after_fork() -> None:
+    # A forked child shares the parent's open file descriptions, and with them any flock the
+    # parent holds: it must open its own.
+    _thread_locks.clear()
+    _lock_fds.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+
+class Store:
+    """A tier store rooted at a directory. Use :meth:`open`."""
+
+    def __init__(self, root: str, config: StoreConfig, tiers: list[Tier]):
+        self.root = root
+        self.config = config
+        self.tiers = tiers
+        self._topics: dict[str, Topic] = {}
+        self._lock = threading.RLock()
+
+    # -- opening ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, root: str | os.PathLike[str],
+             config: Mapping[str, Any] | str | os.PathLike[str] | None = None) -> Store:
+        """Open (creating if needed) the store at ``root``.
+
+        ``config`` is a dict of keys or the path of a ``.properties`` file; see
+        :mod:`tier_store.config`.
+        """
+        root = os.path.abspath(os.fspath(root))
+        given = load_config(config)
+        os.makedirs(root, exist_ok=True)
+        saved = _read_saved(root)
+        if saved is None:
+            effective = StoreConfig(given)
+            layout = effective.layout(root)
+            created = _save(root, effective, layout)
+            if not created:  # another process created it first: validate against theirs
+                saved = _read_saved(root)
+        if saved is not None:
+            base = StoreConfig(parse_config(saved["config"]))
+            _check_layout(root, base, given, saved["layout"])
+            effective = base.with_overrides(given)
+            created = False
+        tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
+        for t in tiers:
+            t.prepare()
+            if isinstance(t, PmemTier) and (created or _size_changed(t, saved)):
+                t.ensure_pool()
+        return cls(root, effective, tiers)
+
+    def __repr__(self) -> str:
+        return f"Store({self.root!r}, tiers={self.tiers})"
+
+    def tier(self, number: int) -> Tier:
+        """Tier ``number`` (1 = fastest)."""
+        if not 1 <= number <= len(self.tiers):
+            raise PafkaError(f"store {self.root} has no tier {number}: it has tiers "
+                             f"1..{len(self.tiers)}")
+        return self.tiers[number - 1]
+
+    # -- topics -----------------------------------------------------------------------------
+    def create_topic(self, name: str, schema: pa.Schema, partitions: int | None = None,
+                     config: Mapping[str, Any] | None = None) -> Topic:
+        """Create a topic with an Arrow schema; :class:`TopicExists` if it is there."""
+        check_topic_name(name)
+        if not isinstance(schema, pa.Schema):
+            raise PafkaError(f"schema of topic {name!r} must be a pyarrow.Schema, "
+                             f"got {type(schema).__name__}")
+        if len(schema) == 0:
+            raise PafkaError(f"schema of topic {name!r} has no columns")
+        if partitions is None:
+            partitions = self.config["num.partitions"]
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise PafkaError(f"partitions of topic {name!r} must be a positive integer, "
+                             f"got {partitions!r}")
+        topic_conf = parse_config(config)
+        fixed = [k for k in topic_conf if k in LAYOUT_KEYS]
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)} cannot be set per topic: it is part of the "
+                              "store's layout")
+        ldir = log_dir(self.root, name)
+        os.makedirs(ldir, exist_ok=True)
+        os.makedirs(partitions_dir(self.root, name), exist_ok=True)
+        fsync_dir(self.root)
+        entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
+                            {k: _jsonable(v) for k, v in topic_conf.items()})
+        if not CommitLog(ldir, name).publish(0, entry):
+            raise TopicExists(f"topic {name!r} already exists in {self.root}")
+        log.info("created topic %s with %d partitions", name, partitions)
+        return self.topic(name)
+
+    def topic(self, name: str) -> Topic:
+        """The handle of an existing topic; :class:`TopicNotFound` lists the topics."""
+        check_topic_name(name)
+        with self._lock:
+            t = self._topics.get(name)
+            if t is not None:
+                return t.refresh()
+            if not os.path.exists(os.path.join(log_dir(self.root, name), entry_name(0))) and \
+                    not os.path.exists(os.path.join(log_dir(self.root, name), "_last_checkpoint")):
+                known = self.topics()
+                raise TopicNotFound(f"topic {name!r} does not exist in {self.root}; topics: "
+                                    f"{', '.join(known) if known else '(none)'}")
+            state = CommitLog(log_dir(self.root, name), name).load()
+            t = Topic(self, name, state)
+            self._topics[name] = t
+            return t
+
+    def topics(self) -> list[str]:
+        """Names of the topics in the store, sorted."""
+        out = []
+        for name in sorted(os.listdir(self.root)):
+            d = log_dir(self.root, name)
+            if os.path.exists(os.path.join(d, entry_name(0))) or \
+                    os.path.exists(os.path.join(d, "_last_checkpoint")):
+                out.append(name)
+        return out
+
+    def has_topic(self, name: str) -> bool:
+        return name in self.topics()
+
+    # -- tiers --------------------------------------------------------------------------------
+    def _states(self) -> list[TopicState]:
+        return [self.topic(name).state() for name in self.topics()]
+
+    def used_bytes(self) -> dict[int, int]:
+        """Committed bytes per tier, accounted from every topic's state."""
+        used = {t.number: 0 for t in self.tiers}
+        for st in self._states():
+            for s in st.segments.values():
+                used[s.tier] = used.get(s.tier, 0) + s.extent
+        return used
+
+    def tier_usage(self) -> list[dict[str, Any]]:
+        """Per tier: number, type, path, capacity, used bytes, segments (and free pool files)."""
+        used = {t.number: 0 for t in self.tiers}
+        segs = {t.number: 0 for t in self.tiers}
+        for st in self._states():
+            for s in st.segments.values():
+                used[s.tier] += s.extent
+                segs[s.tier] += 1
+        out = []
+        for t in self.tiers:
+            row: dict[str, Any] = {"tier": t.number, "type": t.type, "path": t.path,
+                                   "capacity": t.capacity, "used": used[t.number],
+                                   "segments": segs[t.number]}
+            if isinstance(t, PmemTier):
+                row["pool_files"] = t.pool_size
+                row["pool_free"] = t.free_pool_files()
+            out.append(row)
+        return out
+
+    def place_segment(self, topic: str, partition: int, seq: int, need: int
+                      ) -> tuple[Tier, SegmentWriter]:
+        """Create segment ``seq`` on the first local tier with room (placement rule)."""
+        used = self.used_bytes()
+        for t in self.tiers:
+            if not t.has_room(used.get(t.number, 0), need):
+                continue
+            w = t.create_segment(topic, partition, seq, need)
+            if w is not None:
+                return t, w
+        usage = "; ".join(
+            f"tier {t.number} ({t.type}, {t.path}): {used.get(t.number, 0)} of "
+            f"{t.capacity or 'unbounded'} bytes used"
+            + (f", {t.free_pool_files()} free pool files" if isinstance(t, PmemTier) else "")
+            for t in self.tiers)
+        raise StoreFull(f"no tier has room for a new segment of topic {topic!r} partition "
+                        f"{partition} ({need} bytes): {usage}. Raise storage.tiers.*.sizes, lower "
+                        "log.retention.bytes/ms, or add a tier.")
+
+    @contextlib.contextmanager
+    def partition_lock(self, topic: str, partition: int, blocking: bool = True
+                       ) -> Iterator[bool]:
+        """Hold partition ``partition``'s append lock: a thread lock and ``flock`` on its
+        lock file. With ``blocking=False`` yields False instead of waiting."""
+        path = os.path.join(partitions_dir(self.root, topic), f"{partition}.lock")
+        with _locks_guard:
+            tl = _thread_locks.setdefault(path, threading.Lock())
+        if not tl.acquire(blocking):
+            yield False
+            return
+        try:
+            fd = _lock_fds.get(path)
+            if fd is None:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                _lock_fds[path] = fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            tl.release()
+
+    def collect_garbage(self, topic: Topic) -> int:
+        """Reclaim unreferenced segment files of ``topic`` past the grace period."""
+        return collect_garbage(self, topic)
+
+    def close(self) -> None:
+        with self._lock:
+            for t in self._topics.values():
+                t.close()
+            self._topics.clear()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _jsonable(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _read_saved(root: str) -> dict[str, Any] | None:
+    path = os.path.join(root, STORE_FILE)
+    try:
+        with open(path, "rb") as f:
+            saved = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise ConfigError(f"saved store configuration {path} is unreadable: {e}") from None
+    if saved.get("format") != _FORMAT:
+        raise ConfigError(f"{path}: unsupported store format {saved.get('format')!r}")
+    return saved
+
+
+def _save(root: str, config: StoreConfig, layout: dict[str, Any]) -> bool:
+    """Write ``_store.json`` exclusively; False if another process saved one first."""
+    body = {"format": _FORMAT, "config": {k: _jsonable(v) for k, v in config.explicit().items()},
+            "layout": layout}
+    path = os.path.join(root, STORE_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(body, indent=1).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    fsync_dir(root)
+    return True
+
+
+def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],
+                  saved_layout: dict[str, Any]) -> None:
+    for key, value in given.items():
+        if key in LAYOUT_KEYS and value != saved[key]:
+            raise ConfigError(
+                f"{key}={render_value(value)} conflicts with the store at {root}, created with "
+                f"{key}={render_value(saved[key])}; layout keys cannot change")
+    now = saved.with_overrides(given).layout(root)
+    for n, (a, b) in enumerate(zip(now["tier.paths"], saved_layout["tier.paths"], strict=False),
+                               1):
+        if a != b:
+            raise ConfigError(f"storage.tiers.{n}.paths={a} conflicts with the store at {root}, "
+                              f"created with {b}; layout keys cannot change")
+
+
+def _size_changed(t: PmemTier, saved: dict[str, Any] | None) -> bool:
+    if saved is None:
+        return False
+    key = f"storage.tiers.{t.number}.sizes"
+    from .config import canonical_key
+    old = saved["config"].get(canonical_key(key))
+    return old is not None and int(old) != t.capacity

@@ -1,0 +1,128 @@
+"""The contract every tier implements, and what local tiers share.
+
+A tier is a directory (or, later, an fsspec URL) holding segment files. Writers append chunks
+to a segment through a :class:`SegmentWriter`; readers map segment files with Arrow and slice
+chunks out of the mapping, so reading is the same for every local tier.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+
+import pyarrow as pa
+
+from ..chunk import EncodedChunk
+from ..config import TierSpec
+from ..layout import segment_relpath
+from ..segment import HEADER_SIZE, SegmentHeader
+
+
+class SegmentWriter(ABC):
+    """Appends chunks to one segment file. Not thread-safe: callers hold the partition lock."""
+
+    path: str
+
+    @abstractmethod
+    def header(self) -> SegmentHeader:
+        """Read the header as it is in the file now (another process may have advanced it)."""
+
+    @abstractmethod
+    def capacity(self) -> int:
+        """The byte position no chunk may extend past."""
+
+    @abstractmethod
+    def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
+        """Write ``chunk`` at ``pos`` and make it durable; return its checksum."""
+
+    @abstractmethod
+    def set_end(self, end: int) -> None:
+        """Advance the header's ``end`` and make it durable."""
+
+    @abstractmethod
+    def seal(self) -> None:
+        """Mark the segment sealed, durably."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the file (and mapping)."""
+
+
+class Tier(ABC):
+    """One storage tier: a directory of segment files with a capacity."""
+
+    def __init__(self, spec: TierSpec, segment_bytes: int):
+        self.spec = spec
+        self.number = spec.number
+        self.type = spec.type
+        self.path = spec.path
+        self.capacity = spec.size
+        self.segment_bytes = segment_bytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.number}, {self.type}, {self.path!r})"
+
+    def segment_path(self, topic: str, partition: int, seq: int) -> str:
+        return os.path.join(self.path, segment_relpath(topic, partition, seq))
+
+    def prepare(self) -> None:
+        """Create the tier's directory (and pool, where it has one)."""
+        os.makedirs(self.path, exist_ok=True)
+
+    @abstractmethod
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
+                       ) -> SegmentWriter | None:
+        """Create segment ``seq`` able to hold ``min_bytes`` of chunks; None if no room."""
+
+    @abstractmethod
+    def open_segment(self, path: str) -> SegmentWriter:
+        """Open an existing segment for appending."""
+
+    @abstractmethod
+    def release_segment(self, path: str) -> None:
+        """Delete a segment file that no entry references any more (pool files go back)."""
+
+    def has_room(self, used: int, need: int) -> bool:
+        """Whether a new segment for a chunk of ``need`` bytes fits, given ``used`` bytes
+        accounted on this tier (a whole segment is reserved)."""
+        return self.capacity <= 0 or used + max(need, self.segment_bytes) <= self.capacity
+
+    def free_pool_files(self) -> int | None:
+        """Free pre-allocated segment files, for tiers with a pool; None otherwise."""
+        return None
+
+
+def new_header(partition: int, seq: int) -> SegmentHeader:
+    return SegmentHeader(partition, seq, HEADER_SIZE, False, int(time.time() * 1000))
+
+
+class MappedFiles:
+    """Read-only Arrow memory maps of segment files, cached per path and remapped on growth.
+
+    A file tier's active segment grows after it was mapped; a chunk past the mapped length
+    remaps it. Files are never shrunk while they may be mapped, so a mapping stays valid.
+    """
+
+    def __init__(self, limit: int = 256):
+        self._maps: dict[str, pa.Buffer] = {}
+        self._limit = limit
+
+    def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
+        buf = self._maps.get(path)
+        if buf is None or pos + length > buf.size:
+            mm = pa.memory_map(path, "r")  # raises FileNotFoundError for a missing file
+            buf = mm.read_buffer()
+            mm.close()  # the buffer keeps the mapping alive
+            if len(self._maps) >= self._limit:
+                self._maps.pop(next(iter(self._maps)))
+            self._maps[path] = buf
+        if pos + length > buf.size:
+            raise EOFError(f"{path}: chunk [{pos}, {pos + length}) past the file's end {buf.size}")
+        return buf.slice(pos, length)
+
+    def forget(self, path: str) -> None:
+        self._maps.pop(path, None)
+
+    def clear(self) -> None:
+        self._maps.clear()

@@ -1,0 +1,96 @@
+"""A small cffi (ABI mode) binding to libpmem: map a file, persist or msync a range.
+
+Only ``libpmem1`` is needed at run time (no compiler, no headers). ``pmem_persist`` is used
+where ``pmem_is_pmem`` says the mapping is real persistent memory; elsewhere only
+``pmem_msync`` is durable (persist alone would leave data in the page cache).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PmemUnavailable
+
+_CDEF = """
+void *pmem_map_file(const char *path, size_t len, int flags, unsigned int mode,
+                    size_t *mapped_lenp, int *is_pmemp);
+int pmem_unmap(void *addr, size_t len);
+int pmem_is_pmem(const void *addr, size_t len);
+void pmem_persist(const void *addr, size_t len);
+int pmem_msync(const void *addr, size_t len);
+const char *pmem_errormsg(void);
+const char *pmem_check_version(unsigned major_required, unsigned minor_required);
+"""
+
+_lock = threading.Lock()
+_lib: tuple[Any, Any] | None = None
+
+
+def load() -> tuple[Any, Any]:
+    """Load libpmem once; raise :class:`PmemUnavailable` naming the package to install."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            try:
+                import cffi
+            except ImportError as e:  # pragma: no cover - cffi is a dependency
+                raise PmemUnavailable(f"the pmem tier needs cffi: pip install cffi ({e})") from None
+            ffi = cffi.FFI()
+            ffi.cdef(_CDEF)
+            try:
+                lib = ffi.dlopen(os.environ.get("PAFKA_LIBPMEM", "libpmem.so.1"))
+            except OSError as e:
+                raise PmemUnavailable(
+                    "the pmem tier needs libpmem: install the Debian/Ubuntu package libpmem1 "
+                    f"(apt-get install libpmem1), or use log.channel.type=file ({e})"
+                ) from None
+            _lib = (ffi, lib)
+        return _lib
+
+
+@dataclass
+class PmemMapping:
+    """A file mapped with ``pmem_map_file``; flushes with persist or msync as appropriate."""
+
+    path: str
+    addr: Any
+    length: int
+    is_pmem: bool
+    _ffi: Any
+    _lib: Any
+
+    @classmethod
+    def open(cls, path: str) -> PmemMapping:
+        ffi, lib = load()
+        mapped = ffi.new("size_t *")
+        is_pmem = ffi.new("int *")
+        addr = lib.pmem_map_file(path.encode(), 0, 0, 0, mapped, is_pmem)
+        if addr == ffi.NULL:
+            msg = ffi.string(lib.pmem_errormsg()).decode(errors="replace")
+            raise OSError(f"pmem_map_file({path}) failed: {msg}")
+        return cls(path, addr, int(mapped[0]), bool(is_pmem[0]), ffi, lib)
+
+    def buffer(self, pos: int, size: int) -> Any:
+        """A writable buffer over ``[pos, pos + size)`` of the mapping."""
+        if pos < 0 or pos + size > self.length:
+            raise ValueError(f"range [{pos}, {pos + size}) outside mapping of {self.length}")
+        return self._ffi.buffer(self._ffi.cast("char *", self.addr) + pos, size)
+
+    def flush(self, pos: int, size: int) -> None:
+        """Make ``[pos, pos + size)`` durable."""
+        if size <= 0:
+            return
+        ptr = self._ffi.cast("char *", self.addr) + pos
+        if self.is_pmem:
+            self._lib.pmem_persist(ptr, size)
+        elif self._lib.pmem_msync(ptr, size) != 0:
+            msg = self._ffi.string(self._lib.pmem_errormsg()).decode(errors="replace")
+            raise OSError(f"pmem_msync on {self.path} failed: {msg}")
+
+    def close(self) -> None:
+        if self.addr is not None:
+            self._lib.pmem_unmap(self.addr, self.length)
+            self.addr = None

@@ -1,0 +1,170 @@
+"""The pmem tier: pre-sized pool files mapped with libpmem, Arrow IPC written into the mapping.
+
+A pool of ``log.pmem.pool.ratio`` × capacity is pre-allocated (and its pages touched) when the
+store is created, as ``_pool/<n>.pool`` files of ``log.segment.bytes`` each, so the hot path
+never allocates or faults in fresh pages. A new segment takes a pool file by renaming it to the
+segment's path (atomic, so two processes never take the same file); a released segment is
+renamed back into the pool. Capacity is the pool, as in Pafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+
+import pyarrow as pa
+
+from ..chunk import EncodedChunk, checksum
+from ..crash import crash_point
+from ..layout import POOL_DIR, POOL_SUFFIX, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir
+from ..segment import END_OFFSET, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
+from . import libpmem
+from .base import SegmentWriter, Tier, new_header
+
+log = logging.getLogger(__name__)
+_ZEROS = bytes(4 * 1024 * 1024)
+
+
+class PmemSegmentWriter(SegmentWriter):
+    """Writes chunks straight into a libpmem mapping of a pre-sized segment file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._map = libpmem.PmemMapping.open(path)
+
+    def header(self) -> SegmentHeader:
+        return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
+
+    def capacity(self) -> int:
+        return self._map.length
+
+    def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
+        target = self._map.buffer(pos, chunk.size)
+        # py_buffer over the cffi buffer is mutable; a slice of a mutable Arrow buffer or a
+        # foreign_buffer is not, and writing through either aborts the process.
+        chunk.write_into(pa.py_buffer(target))
+        crash_point("chunk.copy")
+        self._map.flush(pos, chunk.size)
+        crash_point("chunk.flushed")
+        return checksum(target)
+
+    def _set_word(self, offset: int, value: int) -> None:
+        struct.pack_into("<Q", self._map.buffer(offset, 8), 0, value)
+
+    def set_end(self, end: int) -> None:
+        self._set_word(END_OFFSET, end)
+        crash_point("chunk.header")
+        self._map.flush(END_OFFSET, WORD.size)
+
+    def seal(self) -> None:
+        self._set_word(SEALED_OFFSET, 1)
+        self._map.flush(SEALED_OFFSET, WORD.size)
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class PmemTier(Tier):
+    """A tier on a DAX filesystem (or any local path) with a pool of segment files."""
+
+    def __init__(self, spec, segment_bytes: int, pool_ratio: float):
+        super().__init__(spec, segment_bytes)
+        self.pool_ratio = pool_ratio
+        self.pool_dir = os.path.join(self.path, POOL_DIR)
+
+    @property
+    def pool_size(self) -> int:
+        """Number of segment files the pool holds in all (free and in use)."""
+        return max(1, int(self.capacity * self.pool_ratio) // self.segment_bytes)
+
+    def prepare(self) -> None:
+        libpmem.load()  # fail early, naming the package, when libpmem is missing
+        os.makedirs(self.pool_dir, exist_ok=True)
+
+    def ensure_pool(self) -> int:
+        """Create pool files until free + in-use ones reach :attr:`pool_size`; return created."""
+        self.prepare()
+        in_use = 0
+        for dirpath, _dirs, files in os.walk(self.path):
+            if dirpath != self.pool_dir:
+                in_use += sum(f.endswith(SEGMENT_SUFFIX) for f in files)
+        free = self._free_names()
+        missing = self.pool_size - in_use - len(free)
+        slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
+        next_slot = max(slots, default=-1) + 1
+        for i in range(max(0, missing)):
+            self._create_pool_file(next_slot + i)
+        if missing > 0:
+            fsync_dir(self.pool_dir)
+            log.info("pmem tier %s: pre-allocated %d pool files of %d bytes", self.path,
+                     missing, self.segment_bytes)
+        return max(0, missing)
+
+    def _create_pool_file(self, slot: int) -> None:
+        tmp = os.path.join(self.pool_dir, f"{TMP_PREFIX}{os.getpid()}-{slot}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, self.segment_bytes)
+            # Touch every page now so that appends never pay for first-touch faults.
+            pos = 0
+            while pos < self.segment_bytes:
+                n = min(len(_ZEROS), self.segment_bytes - pos)
+                os.pwrite(fd, _ZEROS[:n], pos)
+                pos += n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(self.pool_dir, f"{slot:06d}{POOL_SUFFIX}"))
+
+    def _free_names(self) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.pool_dir) if n.endswith(POOL_SUFFIX))
+        except FileNotFoundError:
+            return []
+
+    def free_pool_files(self) -> int:
+        return len(self._free_names())
+
+    def has_room(self, used: int, need: int) -> bool:
+        return need <= self.segment_bytes - HEADER_SIZE and self.free_pool_files() > 0
+
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
+                       ) -> SegmentWriter | None:
+        if min_bytes > self.segment_bytes - HEADER_SIZE:
+            return None  # an oversized chunk cannot use a pool file
+        path = self.segment_path(topic, partition, seq)
+        d = os.path.dirname(path)
+        os.makedirs(d, exist_ok=True)
+        if os.path.exists(path):
+            # Leftover of a roll that crashed before switching the active pointer.
+            self.release_segment(path)
+        for name in self._free_names():
+            try:
+                os.rename(os.path.join(self.pool_dir, name), path)
+            except FileNotFoundError:
+                continue  # another process took it first
+            break
+        else:
+            return None
+        fsync_dir(d)
+        fsync_dir(self.pool_dir)
+        w = PmemSegmentWriter(path)
+        hdr = new_header(partition, seq).pack()
+        w._map.buffer(0, HEADER_SIZE)[:] = hdr
+        w._map.flush(0, HEADER_SIZE)
+        return w
+
+    def open_segment(self, path: str) -> SegmentWriter:
+        return PmemSegmentWriter(path)
+
+    def release_segment(self, path: str) -> None:
+        if not os.path.exists(path):
+            return
+        if os.path.getsize(path) != self.segment_bytes:
+            os.unlink(path)
+        else:
+            name = f"r{os.urandom(6).hex()}{POOL_SUFFIX}"
+            os.rename(path, os.path.join(self.pool_dir, name))
+            fsync_dir(self.pool_dir)
+        fsync_dir(os.path.dirname(path))

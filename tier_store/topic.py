@@ -1,0 +1,573 @@
+"""A topic handle: the producer and consumer API over one topic's segments and commit log.
+
+Writing is two steps. :meth:`Topic.write_chunks` (run anywhere, e.g. on executors) appends
+one chunk per partition touched, durably, under the partition's lock, and returns
+:class:`ChunkRef` s; nothing is visible yet. :meth:`Topic.commit` (run once, e.g. on the
+driver) publishes one commit-log entry that assigns offsets and makes all the chunks visible
+at once. :meth:`Topic.append` does both.
+
+Thread-safety: a handle may be shared by threads; its state is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .chunk import EncodedChunk, checksum, read_chunk
+from .commit_log import CommitLog
+from .crash import crash_point
+from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, PartitionsEntry, PositionEntry
+from .errors import CommitConflict, DataLoss, PafkaError, SchemaMismatch
+from .hashing import partition_of
+from .layout import log_dir, partitions_dir, segment_id, write_atomic
+from .records import AppendResult, ChunkRef, SegmentInfo
+from .retention import segments_to_delete
+from .segment import HEADER_SIZE, align
+from .state import NO_TIME, TopicState
+from .tiers import MappedFiles, SegmentWriter, Tier
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger(__name__)
+
+_MAX_COMMIT_ATTEMPTS = 10_000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def as_table(data: Any) -> pa.Table:
+    """Accept a RecordBatch, a Table, or a list of batches; anything else is an error."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, list | tuple) and data and all(isinstance(b, pa.RecordBatch)
+                                                        for b in data):
+        return pa.Table.from_batches(list(data))
+    raise PafkaError(
+        f"expected a pyarrow RecordBatch, Table or list of RecordBatches, got "
+        f"{type(data).__name__}"
+    )
+
+
+def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
+    """Make ``table`` carry exactly ``schema``: reorder columns by name, and cast nullable
+    columns into non-null fields when they hold no null. Anything else is SchemaMismatch."""
+    if table.schema.equals(schema, check_metadata=False):
+        return table if table.schema.metadata == schema.metadata else table.cast(schema)
+    names, want = table.schema.names, schema.names
+    missing = [n for n in want if n not in names]
+    extra = [n for n in names if n not in want]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing columns {missing}")
+        if extra:
+            parts.append(f"unexpected columns {extra}")
+        raise SchemaMismatch(f"data written to topic {topic!r} does not match its schema: "
+                             f"{'; '.join(parts)} (topic columns: {want})")
+    if names != want:
+        table = table.select(want)
+    problems = []
+    for f in schema:
+        got = table.schema.field(f.name)
+        if not got.type.equals(f.type):
+            problems.append(f"column {f.name!r}: topic has {f.type}, data has {got.type}")
+        elif not f.nullable and table.column(f.name).null_count:
+            problems.append(f"column {f.name!r} is not nullable in the topic but the data holds "
+                            f"{table.column(f.name).null_count} nulls")
+    if problems:
+        raise SchemaMismatch(f"data written to topic {topic!r} does not match its schema: "
+                             + "; ".join(problems))
+    return table.cast(schema)
+
+
+class Topic:
+    """A handle on one topic of a :class:`~tier_store.Store`."""
+
+    def __init__(self, store: Store, name: str, state: TopicState):
+        self.store = store
+        self.name = name
+        self._log = CommitLog(log_dir(store.root, name), name)
+        self._state = state
+        self._lock = threading.RLock()
+        self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
+        self._maps = MappedFiles()
+        self._rr = random.randrange(1 << 16)
+        self._known_checkpoint = self._log.last_checkpoint() or 0
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name!r}, partitions={self.partitions})"
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema:
+        assert self._state.schema is not None
+        return self._state.schema
+
+    @property
+    def partitions(self) -> int:
+        return self._state.partitions
+
+    @property
+    def version(self) -> int:
+        return self._state.version
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Topic-level configuration (overrides of the store's changeable keys)."""
+        return dict(self._state.config)
+
+    def _setting(self, key: str) -> Any:
+        return self._state.config.get(key, self.store.config[key])
+
+    def refresh(self) -> Topic:
+        """Read the commit-log entries published since this handle last looked."""
+        with self._lock:
+            self._state = self._log.refresh(self._state)
+        return self
+
+    def state(self) -> TopicState:
+        """The refreshed state (for the store's own modules: placement, retention, migration)."""
+        self.refresh()
+        return self._state
+
+    def latest_offsets(self) -> dict[int, int]:
+        """Per partition, the next offset to be written."""
+        self.refresh()
+        return dict(enumerate(self._state.next_offset))
+
+    def earliest_offsets(self) -> dict[int, int]:
+        """Per partition, the first offset still retained."""
+        self.refresh()
+        return dict(enumerate(self._state.start_offset))
+
+    def _check_partition(self, partition: Any) -> int:
+        if isinstance(partition, bool) or not isinstance(partition, int | np.integer):
+            raise PafkaError(f"partition must be an integer, got {partition!r}")
+        if not 0 <= partition < self._state.partitions:
+            self.refresh()
+        if not 0 <= partition < self._state.partitions:
+            raise PafkaError(f"topic {self.name!r} has no partition {partition}: it has "
+                             f"partitions 0..{self._state.partitions - 1}")
+        return int(partition)
+
+    # -- writing: step 1 ------------------------------------------------------------------
+    def write_chunks(self, data: Any, partition: int | None = None, key: str | None = None,
+                     timestamp_column: str | None = None) -> list[ChunkRef]:
+        """Append ``data`` durably as one chunk per partition touched; nothing is visible
+        until :meth:`commit`. Rows go to ``partition`` if given, else by the stable hash of
+        column ``key`` (nulls to 0), else all to the next partition in rotation."""
+        table = conform(as_table(data), self.schema, self.name)
+        if table.num_rows == 0:
+            return []
+        if partition is not None and key is not None:
+            raise PafkaError("give either partition or key, not both")
+        if timestamp_column is not None and timestamp_column not in table.schema.names:
+            raise PafkaError(f"timestamp column {timestamp_column!r} is not a column of topic "
+                             f"{self.name!r} (columns: {table.schema.names})")
+        groups: list[tuple[int, pa.Table]]
+        if partition is not None:
+            groups = [(self._check_partition(partition), table)]
+        elif key is not None:
+            if key not in table.schema.names:
+                raise PafkaError(f"key column {key!r} is not a column of topic {self.name!r} "
+                                 f"(columns: {table.schema.names})")
+            groups = self._route(table, key)
+        else:
+            with self._lock:
+                p = self._rr % self._state.partitions
+                self._rr += 1
+            groups = [(p, table)]
+        compression = self._setting("compression.type")
+        refs = []
+        for p, part in groups:
+            for piece in self._split(part, compression):
+                refs.append(self._append_chunk(p, piece, timestamp_column))
+        return refs
+
+    def _route(self, table: pa.Table, key: str) -> list[tuple[int, pa.Table]]:
+        parts = partition_of(table.column(key), self._state.partitions)
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=self._state.partitions)
+        ordered = table.take(pa.array(order))
+        out, at = [], 0
+        for p, n in enumerate(counts):
+            if n:
+                out.append((p, ordered.slice(at, int(n))))
+                at += int(n)
+        return out
+
+    def _split(self, table: pa.Table, compression: str) -> Iterator[EncodedChunk]:
+        """Chunks that fit in a segment; a single row too big for one gets its own segment."""
+        limit = self.store.config["log.segment.bytes"] - HEADER_SIZE
+        chunk = EncodedChunk.of(table.to_batches(), table.schema, compression)
+        if chunk.size <= limit or table.num_rows <= 1:
+            yield chunk
+            return
+        half = table.num_rows // 2
+        yield from self._split(table.slice(0, half), compression)
+        yield from self._split(table.slice(half), compression)
+
+    def _append_chunk(self, p: int, chunk: EncodedChunk, ts_col: str | None) -> ChunkRef:
+        tmin = tmax = None
+        if ts_col is not None:
+            tmin, tmax = _time_range(chunk, ts_col)
+        written = _now_ms()
+        with self.store.partition_lock(self.name, p):
+            seq, tier, w = self._active_writer(p, chunk.size)
+            hdr = w.header()
+            pos = align(hdr.end)
+            if hdr.sealed or pos + chunk.size > w.capacity():
+                seq, tier, w = self._roll(p, seq, w, chunk.size)
+                pos = align(w.header().end)
+            crc = w.write_chunk(pos, chunk)
+            w.set_end(pos + chunk.size)
+        return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
+                        written, tmin, tmax)
+
+    def _pointer_path(self, p: int) -> str:
+        return os.path.join(partitions_dir(self.store.root, self.name), f"{p}.active")
+
+    def _active_writer(self, p: int, need: int) -> tuple[int, Tier, SegmentWriter]:
+        try:
+            with open(self._pointer_path(p), "rb") as f:
+                ptr = json.loads(f.read())
+        except FileNotFoundError:
+            return self._roll(p, None, None, need)
+        seq, tier_no = int(ptr["seq"]), int(ptr["tier"])
+        tier = self.store.tier(tier_no)
+        cached = self._writers.get(p)
+        if cached is not None and cached[0] == (seq, tier_no):
+            return seq, tier, cached[1]
+        if cached is not None:
+            cached[1].close()
+        try:
+            w = tier.open_segment(tier.segment_path(self.name, p, seq))
+        except FileNotFoundError:
+            # The active segment's file is gone (e.g. tier 1 was RAM and the host rebooted):
+            # start the next segment; what was lost is reported by readers as DataLoss.
+            log.warning("topic %s partition %d: active segment %s is missing; rolling",
+                        self.name, p, segment_id(p, seq))
+            return self._roll(p, seq, None, need)
+        self._writers[p] = ((seq, tier_no), w)
+        return seq, tier, w
+
+    def _roll(self, p: int, seq: int | None, old: SegmentWriter | None, need: int
+              ) -> tuple[int, Tier, SegmentWriter]:
+        """Seal the active segment and start the next one (caller holds the partition lock)."""
+        if old is not None:
+            old.seal()
+            crash_point("segment.roll.sealed")
+        new_seq = 0 if seq is None else seq + 1
+        tier, w = self.store.place_segment(self.name, p, new_seq, need)
+        crash_point("segment.roll.created")
+        write_atomic(self._pointer_path(p),
+                     json.dumps({"seq": new_seq, "tier": tier.number}).encode())
+        cached = self._writers.pop(p, None)
+        if cached is not None:
+            cached[1].close()
+        self._writers[p] = ((new_seq, tier.number), w)
+        log.debug("topic %s partition %d: rolled to segment %s on tier %d", self.name, p,
+                  segment_id(p, new_seq), tier.number)
+        return new_seq, tier, w
+
+    def active_segment(self, p: int) -> tuple[int, int] | None:
+        """(sequence, tier) of partition ``p``'s active segment, if it has one."""
+        try:
+            with open(self._pointer_path(p), "rb") as f:
+                ptr = json.loads(f.read())
+            return int(ptr["seq"]), int(ptr["tier"])
+        except FileNotFoundError:
+            return None
+
+    # -- writing: step 2 ------------------------------------------------------------------
+    def commit(self, refs: list[ChunkRef], writer_id: str | None = None,
+               batch_id: int | None = None) -> list[AppendResult]:
+        """Make ``refs`` visible in one commit-log entry, assigning offsets in their order.
+
+        With ``writer_id`` and ``batch_id``, a batch id not above the writer's highest
+        committed one is a replay: acknowledged, not appended again (returns ``[]``).
+        Raises :class:`CommitConflict` if a chunk's segment was moved or deleted since.
+        """
+        refs = list(refs)
+        for r in refs:
+            if not isinstance(r, ChunkRef):
+                raise PafkaError("commit takes the ChunkRefs that write_chunks returned, got "
+                                 f"{type(r).__name__}")
+            if r.topic != self.name:
+                raise PafkaError(f"chunk of topic {r.topic!r} cannot be committed to {self.name!r}")
+        if (writer_id is None) != (batch_id is None):
+            raise PafkaError("give both writer_id and batch_id, or neither")
+        if not refs:
+            return []
+        with self._lock:
+            for _ in range(_MAX_COMMIT_ATTEMPTS):
+                st = self._log.refresh(self._state)
+                self._state = st
+                if writer_id is not None and st.writers.get(writer_id, -1) >= batch_id:
+                    log.info("topic %s: batch %s of writer %s is already committed; skipping "
+                             "the replay", self.name, batch_id, writer_id)
+                    return []
+                fresh = self._unseen(st, refs)
+                if not fresh:
+                    return []
+                self._check_refs(st, fresh)
+                ts = max(st.last_ts, _now_ms())
+                nxt = list(st.next_offset)
+                chunks, results = [], []
+                for r in fresh:
+                    base = nxt[r.partition]
+                    nxt[r.partition] += r.records
+                    chunks.append(ChunkRecord(r.partition, r.seq, r.tier, r.pos, r.length, base,
+                                              r.records, r.checksum, r.tmin, r.tmax))
+                    results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
+                entry = AppendEntry(ts, tuple(chunks), writer_id, batch_id)
+                if self._publish(st, entry):
+                    self._after_commit()
+                    return results
+            raise CommitConflict(f"topic {self.name!r}: gave up committing after "
+                                 f"{_MAX_COMMIT_ATTEMPTS} lost races")
+
+    def _publish(self, st: TopicState, entry: Entry) -> bool:
+        """Publish ``entry`` as the next version of ``st``; apply it on success."""
+        v = st.version + 1
+        if not self._log.publish(v, entry):
+            return False
+        st.apply(v, entry)
+        return True
+
+    def _publish_retrying(self, make: Any) -> TopicState:
+        """Publish ``make(state)`` (an entry, or None for nothing to do) until it wins."""
+        with self._lock:
+            for _ in range(_MAX_COMMIT_ATTEMPTS):
+                st = self._log.refresh(self._state)
+                self._state = st
+                entry = make(st)
+                if entry is None or self._publish(st, entry):
+                    return st
+            raise CommitConflict(f"topic {self.name!r}: gave up after "
+                                 f"{_MAX_COMMIT_ATTEMPTS} lost races")
+
+    def _unseen(self, st: TopicState, refs: list[ChunkRef]) -> list[ChunkRef]:
+        """Drop refs already committed (a retried commit without a writer id)."""
+        out = []
+        for r in refs:
+            if not 0 <= r.partition < st.partitions:
+                raise PafkaError(f"topic {self.name!r} has no partition {r.partition}")
+            # A chunk is committed after it was written, so only rows committed since then
+            # can hold it: a short tail of the index.
+            tail = st.chunks[r.partition].committed_since(r.written_ms - 1000)
+            if np.any((tail["seq"] == r.seq) & (tail["pos"] == r.pos)):
+                log.info("topic %s: chunk %s@%d already committed", self.name,
+                         segment_id(r.partition, r.seq), r.pos)
+                continue
+            out.append(r)
+        return out
+
+    def _check_refs(self, st: TopicState, refs: list[ChunkRef]) -> None:
+        for r in refs:
+            sid = segment_id(r.partition, r.seq)
+            seg = st.segments.get(sid)
+            gone = sid in st.tombstones and (seg is None or seg.tier != r.tier)
+            if gone or (seg is not None and seg.tier != r.tier):
+                raise CommitConflict(
+                    f"topic {self.name!r}: segment {sid} was moved or deleted after its chunk "
+                    "was written; write the batch again")
+            if seg is None:
+                path = self.store.tier(r.tier).segment_path(self.name, r.partition, r.seq)
+                if not os.path.exists(path):
+                    raise CommitConflict(
+                        f"topic {self.name!r}: segment {sid} is gone from tier {r.tier} "
+                        f"({path}); write the batch again")
+
+    def append(self, data: Any, partition: int | None = None, key: str | None = None,
+               timestamp_column: str | None = None) -> list[AppendResult]:
+        """``write_chunks`` then ``commit``: durable and visible on return."""
+        return self.commit(self.write_chunks(data, partition, key, timestamp_column))
+
+    def _after_commit(self) -> None:
+        st = self._state
+        interval = self._setting("log.checkpoint.interval")
+        if st.version % interval == 0 or st.version - self._known_checkpoint >= 2 * interval:
+            self._log.write_checkpoint(st, self._setting("log.cleanup.grace.ms"))
+            self._known_checkpoint = st.version
+            self.store.collect_garbage(self)
+        self.apply_retention()
+
+    # -- retention --------------------------------------------------------------------------
+    def apply_retention(self, now_ms: int | None = None) -> list[str]:
+        """Delete whole sealed segments past ``log.retention.bytes``/``.ms`` (a ``delete``
+        entry now; the files after ``log.cleanup.grace.ms``). Returns the deleted ids."""
+        rbytes = self._setting("log.retention.bytes")
+        rms = self._setting("log.retention.ms")
+        if rbytes < 0 and rms < 0:
+            return []
+        now = _now_ms() if now_ms is None else now_ms
+        chosen: list[str] = []
+
+        def make(st: TopicState) -> Entry | None:
+            chosen[:] = segments_to_delete(st, rbytes, rms, now)
+            return DeleteEntry(max(st.last_ts, _now_ms()), tuple(chosen)) if chosen else None
+
+        self._publish_retrying(make)
+        if chosen:
+            log.info("topic %s: retention deleted segments %s", self.name, ", ".join(chosen))
+        return chosen
+
+    # -- reading ------------------------------------------------------------------------------
+    def read(self, partition: int, start: int, end: int | None = None, verify: bool = False
+             ) -> Iterator[pa.RecordBatch]:
+        """Yield the records ``[start, end)`` of ``partition`` as Arrow record batches,
+        zero-copy from memory-mapped chunks. ``end=None`` reads to the latest offset; past
+        the latest there is nothing. Below the earliest retained offset: :class:`DataLoss`."""
+        p = self._check_partition(partition)
+        if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
+            raise PafkaError(f"start offset must be a non-negative integer, got {start!r}")
+        with self._lock:
+            st = self._state
+            if end is None or end > st.next_offset[p]:
+                st = self._state = self._log.refresh(st)
+            earliest, latest = st.start_offset[p], st.next_offset[p]
+            rows = st.chunks[p].rows()
+            tiers = {s.seq: s.tier for s in st.segments.values() if s.partition == p}
+        if start < earliest:
+            raise DataLoss(f"topic {self.name!r} partition {p}: offsets {start}..{earliest - 1} "
+                           f"were deleted by retention; the earliest offset is {earliest}")
+        stop = latest if end is None else min(end, latest)
+        if start >= stop:
+            return
+        i = int(np.searchsorted(rows["base"], start, side="right")) - 1
+        while i < len(rows) and rows["base"][i] < stop:
+            r = rows[i]
+            base, n = int(r["base"]), int(r["n"])
+            buf = self._chunk_buffer(p, int(r["seq"]), tiers, int(r["pos"]), int(r["len"]),
+                                     base, n)
+            where = f"{self.name}/{p} offsets {base}..{base + n - 1}"
+            if verify and checksum(buf) != int(r["crc"]):
+                raise self._corrupt(p, int(r["seq"]), tiers, base, n)
+            at = base
+            for batch in read_chunk(buf, where):
+                b0, b1 = at, at + batch.num_rows
+                at = b1
+                lo, hi = max(start, b0), min(stop, b1)
+                if lo < hi:
+                    yield batch if (lo, hi) == (b0, b1) else batch.slice(lo - b0, hi - lo)
+            i += 1
+
+    def _segment_path(self, p: int, seq: int, tier: int) -> str:
+        return self.store.tier(tier).segment_path(self.name, p, seq)
+
+    def _chunk_buffer(self, p: int, seq: int, tiers: dict[int, int], pos: int, length: int,
+                      base: int, n: int) -> pa.Buffer:
+        path = self._segment_path(p, seq, tiers[seq])
+        try:
+            return self._maps.slice(path, pos, length)
+        except FileNotFoundError:
+            pass
+        # The segment may have moved since we planned: re-resolve from the log once.
+        self.refresh()
+        seg = self._state.segments.get(segment_id(p, seq))
+        if seg is not None:
+            tiers[seq] = seg.tier
+            try:
+                return self._maps.slice(self._segment_path(p, seq, seg.tier), pos, length)
+            except FileNotFoundError:
+                pass
+        raise DataLoss(f"topic {self.name!r} partition {p}: offsets {base}..{base + n - 1} are "
+                       f"in segment {segment_id(p, seq)} whose file {path} is missing")
+
+    def _corrupt(self, p: int, seq: int, tiers: dict[int, int], base: int, n: int) -> Exception:
+        from .errors import CorruptSegment
+        return CorruptSegment(
+            f"topic {self.name!r} partition {p}: chunk with offsets {base}..{base + n - 1} in "
+            f"{self._segment_path(p, seq, tiers[seq])} does not match its checksum")
+
+    # -- segments, partitions, positions --------------------------------------------------
+    def segments(self) -> list[SegmentInfo]:
+        """The committed segments, by partition and base offset."""
+        st = self.state()
+        out = []
+        for p in range(st.partitions):
+            active = self.active_segment(p)
+            for s in st.partition_segments(p):
+                tier = self.store.tier(s.tier)
+                out.append(SegmentInfo(
+                    s.id, self.name, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,
+                    tier.type, tier.segment_path(self.name, p, s.seq),
+                    active is None or (s.seq, s.tier) != active, s.first_ts, s.last_ts))
+        return out
+
+    def add_partitions(self, n: int) -> int:
+        """Add ``n`` partitions (readers discover them); returns the new total."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise PafkaError(f"add_partitions takes a positive number of partitions, got {n!r}")
+        total: list[int] = []
+
+        def make(st: TopicState) -> Entry:
+            total[:] = [st.partitions + n]
+            return PartitionsEntry(max(st.last_ts, _now_ms()), st.partitions + n)
+
+        self._publish_retrying(make)
+        os.makedirs(partitions_dir(self.store.root, self.name), exist_ok=True)
+        return total[0]
+
+    def set_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Record consumer group ``group``'s committed offsets (for lag; retention ignores it)."""
+        if not isinstance(group, str) or not group:
+            raise PafkaError(f"consumer group must be a non-empty string, got {group!r}")
+        clean: dict[str, int] = {}
+        for k, v in offsets.items():
+            p = self._check_partition(int(k))
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
+                raise PafkaError(f"offset for partition {p} must be a non-negative integer, "
+                                 f"got {v!r}")
+            clean[str(p)] = int(v)
+        ordered = {str(p): clean[str(p)] for p in sorted(int(k) for k in clean)}
+        self._publish_retrying(
+            lambda st: PositionEntry(max(st.last_ts, _now_ms()), group, ordered))
+
+    def positions(self) -> dict[str, dict[int, int]]:
+        """Every consumer group's committed offsets."""
+        st = self.state()
+        return {g: {int(p): o for p, o in offs.items()} for g, offs in st.positions.items()}
+
+    def close(self) -> None:
+        for _, w in self._writers.values():
+            w.close()
+        self._writers.clear()
+        self._maps.clear()
+
+
+def _time_range(chunk: EncodedChunk, column: str) -> tuple[int | None, int | None]:
+    """Min and max of an event-time column, in milliseconds since the epoch."""
+    arrays = [b.column(column) for b in chunk.batches]
+    col = pa.chunked_array(arrays)
+    t = col.type
+    if pa.types.is_timestamp(t):
+        col = col.cast(pa.timestamp("ms", tz=t.tz)).cast(pa.int64())
+    elif pa.types.is_date(t):
+        col = col.cast(pa.timestamp("ms")).cast(pa.int64())
+    elif not pa.types.is_integer(t):
+        raise PafkaError(f"timestamp column {column!r} must be a timestamp, date or integer "
+                         f"(milliseconds) column, not {t}")
+    mm = pc.min_max(col)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return (None if lo is None else int(lo)), (None if hi is None else int(hi))
+
+
+__all__ = ["NO_TIME", "Topic", "as_table", "conform"]
