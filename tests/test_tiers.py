@@ -1,0 +1,186 @@
+"""The tier contract, one suite that every tier joins, plus what is particular to each."""
+
+import os
+import subprocess
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+from tier_store import PmemUnavailable, Store, StoreFull
+from tier_store.chunk import EncodedChunk, checksum, read_chunk
+from tier_store.config import TierSpec
+from tier_store.segment import HEADER_SIZE, align
+from tier_store.tiers import FileTier, PmemTier
+
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+
+SEG = 256 * 1024
+
+
+def _chunk(start: int, n: int) -> EncodedChunk:
+    b = make_batch(start, n)
+    return EncodedChunk.of([b], b.schema, "none")
+
+
+class TierContract:
+    """Every tier passes these: create, append, seal, reopen, read back, release."""
+
+    def make_tier(self, directory: str):
+        raise NotImplementedError
+
+    @pytest.fixture
+    def tier(self, tmp_path, shm_dir):
+        t = self.make_tier(shm_dir if self.on_shm else str(tmp_path / "tier"))
+        t.prepare()
+        if isinstance(t, PmemTier):
+            t.ensure_pool()
+        return t
+
+    on_shm = False
+
+    def test_new_segment_has_a_fresh_header(self, tier):
+        w = tier.create_segment("t", 0, 0, 100)
+        h = w.header()
+        assert (h.partition, h.seq, h.end, h.sealed) == (0, 0, HEADER_SIZE, False)
+        w.close()
+
+    def test_appended_chunks_read_back_zero_copy_with_their_checksums(self, tier):
+        w = tier.create_segment("t", 3, 7, 100)
+        pos, spans = HEADER_SIZE, []
+        for i in range(5):
+            c = _chunk(i * 10, 10)
+            pos = align(pos)
+            crc = w.write_chunk(pos, c)
+            w.set_end(pos + c.size)
+            spans.append((pos, c.size, crc))
+            pos += c.size
+        assert w.header().end == pos
+        w.close()
+        buf = pa.memory_map(tier.segment_path("t", 3, 7)).read_buffer()
+        for i, (p, n, crc) in enumerate(spans):
+            assert checksum(buf.slice(p, n)) == crc
+            (b,) = list(read_chunk(buf.slice(p, n), "test"))
+            assert b.column(0).to_pylist() == list(range(i * 10, i * 10 + 10))
+
+    def test_seal_is_durable_and_seen_by_a_new_writer(self, tier):
+        w = tier.create_segment("t", 0, 1, 100)
+        w.seal()
+        w.close()
+        again = tier.open_segment(tier.segment_path("t", 0, 1))
+        assert again.header().sealed
+        again.close()
+
+    def test_capacity_is_the_segment_size(self, tier):
+        w = tier.create_segment("t", 0, 2, 100)
+        assert w.capacity() == SEG
+        w.close()
+
+    def test_released_segment_is_gone_from_its_path(self, tier):
+        w = tier.create_segment("t", 0, 3, 100)
+        w.close()
+        path = tier.segment_path("t", 0, 3)
+        tier.release_segment(path)
+        assert not os.path.exists(path)
+        tier.release_segment(path)  # idempotent
+
+
+def _spec(n, typ, path, size):
+    return TierSpec(n, typ, path, size)
+
+
+class TestFileTier(TierContract):
+    def make_tier(self, directory):
+        return FileTier(_spec(1, "HDD", directory, 0), SEG)
+
+
+class TestPmemTier(TierContract):
+    on_shm = True
+
+    def make_tier(self, directory):
+        return PmemTier(_spec(1, "PMEM", directory, 8 * SEG), SEG, 1.0)
+
+    def test_pool_is_preallocated_and_segments_come_from_it(self, tier):
+        assert tier.free_pool_files() == 8
+        w = tier.create_segment("t", 0, 0, 100)
+        assert tier.free_pool_files() == 7
+        assert os.path.getsize(tier.segment_path("t", 0, 0)) == SEG
+        w.close()
+        tier.release_segment(tier.segment_path("t", 0, 0))
+        assert tier.free_pool_files() == 8
+
+    def test_pool_exhaustion_means_no_room(self, tier):
+        ws = [tier.create_segment("t", 0, i, 100) for i in range(8)]
+        assert all(ws)
+        assert tier.create_segment("t", 0, 9, 100) is None
+        assert not tier.has_room(0, 100)
+        for w in ws:
+            w.close()
+
+    def test_a_chunk_larger_than_a_pool_file_does_not_fit(self, tier):
+        assert tier.create_segment("t", 0, 0, SEG) is None
+
+
+def test_pmem_store_falls_over_to_tier_two_when_the_pool_is_empty(tiered_store):
+    t = tiered_store.create_topic("t", SCHEMA)  # 16 pool files of 64 KiB
+    for i in range(200):
+        t.append(make_batch(i * 200, 200))
+    tiers = {s.tier for s in t.segments()}
+    assert tiers == {1, 2}
+    assert read_all(t, 0) == list(range(40_000))
+    usage = {u["tier"]: u for u in tiered_store.tier_usage()}
+    assert usage[1]["pool_free"] == 0 and usage[2]["segments"] > 0
+
+
+def test_store_full_names_the_tiers_and_makes_nothing_visible(tmp_path):
+    s = Store.open(tmp_path, {"log.segment.bytes": "64k", "storage.tiers.first.sizes": "128k"})
+    t = s.create_topic("t", SCHEMA)
+    with pytest.raises(StoreFull, match=r"tier 1 \(FILE.*of 131072 bytes used"):
+        for i in range(100):
+            t.append(make_batch(i * 200, 200))
+    latest = t.latest_offsets()[0]
+    assert read_all(t, 0) == list(range(latest))
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_pmem_persist_path_is_used_when_libpmem_reports_pmem(shm_dir, tmp_path):
+    code = f"""
+        from tier_store import Store
+        from tests.conftest import make_batch, SCHEMA
+        s = Store.open({str(tmp_path)!r}, {{"log.channel.type": "pmem",
+            "storage.tiers.first.paths": {shm_dir!r}, "storage.tiers.first.sizes": "1m",
+            "log.segment.bytes": "64k"}})
+        t = s.create_topic("t", SCHEMA)
+        t.append(make_batch(0, 100))
+        w = t._writers[0][1]
+        print("is_pmem", w._map.is_pmem)
+        print("rows", sum(b.num_rows for b in t.read(0, 0)))
+    """
+    env = dict(os.environ, PMEM_IS_PMEM_FORCE="1")
+    r = _run(code, env)
+    assert r.returncode == 0, r.stderr
+    assert "is_pmem True" in r.stdout and "rows 100" in r.stdout
+    env = dict(os.environ, PMEM_IS_PMEM_FORCE="0")
+    r = _run(code.replace(str(tmp_path), str(tmp_path / "b")).replace(shm_dir, shm_dir + "/b"),
+             env)
+    assert r.returncode == 0, r.stderr
+    assert "is_pmem False" in r.stdout
+
+
+def test_missing_libpmem_names_the_package_to_install(shm_dir, tmp_path):
+    code = f"""
+        from tier_store import Store, PmemUnavailable
+        try:
+            Store.open({str(tmp_path)!r}, {{"log.channel.type": "pmem",
+                       "storage.tiers.first.paths": {shm_dir!r}}})
+        except PmemUnavailable as e:
+            print("ERR", e)
+    """
+    r = _run(code, dict(os.environ, PAFKA_LIBPMEM="libpmem-does-not-exist.so.1"))
+    assert r.returncode == 0, r.stderr
+    assert "ERR" in r.stdout and "libpmem1" in r.stdout
+    assert issubclass(PmemUnavailable, OSError)
