@@ -53,6 +53,44 @@ def cmd_tiers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_describe(args: argparse.Namespace) -> int:
+    store = Store.open(args.root)
+    t = store.topic(args.topic)
+    earliest, latest = t.earliest_offsets(), t.latest_offsets()
+    print(f"topic {t.name}: {t.partitions} partitions, log version {t.version}")
+    print("schema:", ", ".join(f"{f.name} {f.type}" for f in t.schema))
+    for p in range(t.partitions):
+        print(f"  partition {p}: offsets {earliest[p]}..{latest[p]} "
+              f"({latest[p] - earliest[p]:,} records)")
+    for s in t.segments():
+        print(f"  segment {s.id:>8} tier {s.tier} {s.tier_type:5s} offsets "
+              f"{s.base_offset}..{s.end_offset} {_human(s.bytes):>10} "
+              f"{'sealed' if s.sealed else 'active'}")
+    for group, offs in t.positions().items():
+        lag = sum(latest[p] - o for p, o in offs.items())
+        print(f"  group {group}: {json.dumps(offs)} lag {lag:,}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    store = Store.open(args.root)
+    names = [args.topic] if args.topic else store.topics()
+    total = sum(s.bytes for n in names for s in store.topic(n).segments())
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verifying",
+              disable=args.no_verify or None) as bar:
+        reports = store.check(names, verify=not args.no_verify, progress=bar.update)
+    bad = 0
+    for r in reports:
+        status = "ok" if r.ok else f"{len(r.problems)} problems"
+        print(f"{r.topic}: version {r.version}, {r.segments} segments, {r.chunks} chunks, "
+              f"{_human(r.bytes_verified)} verified: {status}")
+        for p in r.problems:
+            print(f"  {p}")
+        bad += not r.ok
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pafka", description=__doc__)
     ap.add_argument("--version", action="version", version=f"pafka {__version__}")
@@ -67,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("tiers", help="show each tier's usage")
     u.add_argument("root")
     u.set_defaults(func=cmd_tiers)
+    c = sub.add_parser("describe", help="partitions, offsets, segments and groups of a topic")
+    c.add_argument("root")
+    c.add_argument("topic")
+    c.set_defaults(func=cmd_describe)
+    k = sub.add_parser("check", help="verify topics against their commit logs and checksums")
+    k.add_argument("root")
+    k.add_argument("--topic")
+    k.add_argument("--no-verify", action="store_true", help="skip checksums (files only)")
+    k.set_defaults(func=cmd_check)
     return ap
 
 

@@ -354,3 +354,17 @@ def test_a_chunk_bigger_than_a_segment_is_split_or_gets_its_own_segment(file_sto
     t.append(wide)
     assert t.latest_offsets() == {0: 20_001}
     assert np.array_equal(read_all(t, 0, 20_000), [1])
+
+
+def test_segment_older_than_segment_ms_is_rolled_on_the_next_append(tmp_path):
+    import time
+    s = Store.open(tmp_path, {"log.segment.ms": 50})
+    t = s.create_topic("t", SCHEMA)
+    t.append(make_batch(0, 10))
+    t.append(make_batch(10, 10))
+    assert len(t.segments()) == 1
+    time.sleep(0.1)
+    t.append(make_batch(20, 10))
+    segs = t.segments()
+    assert len(segs) == 2 and segs[0].sealed and not segs[1].sealed
+    assert read_all(t, 0) == list(range(30))

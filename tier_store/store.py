@@ -34,6 +34,7 @@ from .layout import (
     log_dir,
     partitions_dir,
 )
+from .recovery import CheckReport, check_topic
 from .state import TopicState
 from .tiers import PmemTier, SegmentWriter, Tier, make_tier
 from .topic import Topic
@@ -246,6 +247,11 @@ class Store:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             tl.release()
+
+    def check(self, topics: list[str] | None = None, verify: bool = True,
+              progress: Any = None) -> list[CheckReport]:
+        """Check topics against their commit logs (see :mod:`tier_store.recovery`)."""
+        return [check_topic(self.topic(n), verify, progress) for n in (topics or self.topics())]
 
     def collect_garbage(self, topic: Topic) -> int:
         """Reclaim unreferenced segment files of ``topic`` past the grace period."""

@@ -232,7 +232,9 @@ class Topic:
             seq, tier, w = self._active_writer(p, chunk.size)
             hdr = w.header()
             pos = align(hdr.end)
-            if hdr.sealed or pos + chunk.size > w.capacity():
+            aged = hdr.end > HEADER_SIZE and written - hdr.created_ms > self._setting(
+                "log.segment.ms")
+            if hdr.sealed or aged or pos + chunk.size > w.capacity():
                 seq, tier, w = self._roll(p, seq, w, chunk.size)
                 pos = align(w.header().end)
             crc = w.write_chunk(pos, chunk)
