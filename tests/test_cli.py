@@ -27,7 +27,7 @@ def test_topics_describe_and_check(tmp_path):
     assert r.returncode == 0 and "clicks\tpartitions=2" in r.stdout
     r = _pafka("describe", str(tmp_path), "clicks")
     assert r.returncode == 0 and "partition 1: offsets 0..500" in r.stdout
-    assert "group g" in r.stdout and "lag 800" in r.stdout
+    assert "group g" in r.stdout and "lag 900" in r.stdout
     r = _pafka("check", str(tmp_path))
     assert r.returncode == 0 and "clicks: version" in r.stdout and ": ok" in r.stdout
     seg = t.segments()[0]
