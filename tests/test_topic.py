@@ -60,7 +60,8 @@ def test_read_yields_arrow_batches_that_share_the_mapped_memory(file_store):
     # Zero copy: the value buffer lives inside the segment's mapping, not in a fresh allocation.
     seg = t.segments()[0]
     addr = batches[0].column(0).buffers()[1].address
-    mapped = t._maps._maps[seg.path]
+    from tier_store.reading import MAPS
+    mapped = MAPS._maps[seg.path][2]
     assert mapped.address <= addr < mapped.address + mapped.size
 
 

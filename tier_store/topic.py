@@ -24,18 +24,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .chunk import EncodedChunk, checksum, read_chunk
+from .chunk import EncodedChunk
 from .commit_log import CommitLog
 from .crash import crash_point
 from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, PartitionsEntry, PositionEntry
 from .errors import CommitConflict, DataLoss, PafkaError, SchemaMismatch
 from .hashing import partition_of
 from .layout import log_dir, partitions_dir, segment_id, write_atomic
+from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .retention import segments_to_delete
 from .segment import HEADER_SIZE, align
 from .state import NO_TIME, TopicState
-from .tiers import MappedFiles, SegmentWriter, Tier
+from .tiers import SegmentWriter, Tier
 
 if TYPE_CHECKING:
     from .store import Store
@@ -106,7 +107,6 @@ class Topic:
         self._state = state
         self._lock = threading.RLock()
         self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
-        self._maps = MappedFiles()
         self._rr = random.randrange(1 << 16)
         self._known_checkpoint = self._log.last_checkpoint() or 0
 
@@ -436,7 +436,13 @@ class Topic:
              ) -> Iterator[pa.RecordBatch]:
         """Yield the records ``[start, end)`` of ``partition`` as Arrow record batches,
         zero-copy from memory-mapped chunks. ``end=None`` reads to the latest offset; past
-        the latest there is nothing. Below the earliest retained offset: :class:`DataLoss`."""
+        the latest there is nothing. Below the earliest retained offset: :class:`DataLoss`.
+        With ``verify=True`` each chunk's checksum is checked (:class:`CorruptSegment`)."""
+        for pb in execute(self.plan_read(partition, start, end), verify):
+            yield pb.batch
+
+    def plan_read(self, partition: int, start: int, end: int | None = None) -> ReadPlan:
+        """Plan reading ``[start, end)`` of ``partition`` (see :mod:`tier_store.reading`)."""
         p = self._check_partition(partition)
         if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
             raise PafkaError(f"start offset must be a non-negative integer, got {start!r}")
@@ -450,54 +456,44 @@ class Topic:
         if start < earliest:
             raise DataLoss(f"topic {self.name!r} partition {p}: offsets {start}..{earliest - 1} "
                            f"were deleted by retention; the earliest offset is {earliest}")
-        stop = latest if end is None else min(end, latest)
-        if start >= stop:
-            return
-        i = int(np.searchsorted(rows["base"], start, side="right")) - 1
-        while i < len(rows) and rows["base"][i] < stop:
-            r = rows[i]
-            base, n = int(r["base"]), int(r["n"])
-            buf = self._chunk_buffer(p, int(r["seq"]), tiers, int(r["pos"]), int(r["len"]),
-                                     base, n)
-            where = f"{self.name}/{p} offsets {base}..{base + n - 1}"
-            if verify and checksum(buf) != int(r["crc"]):
-                raise self._corrupt(p, int(r["seq"]), tiers, base, n)
-            at = base
-            for batch in read_chunk(buf, where):
-                b0, b1 = at, at + batch.num_rows
-                at = b1
-                lo, hi = max(start, b0), min(stop, b1)
-                if lo < hi:
-                    yield batch if (lo, hi) == (b0, b1) else batch.slice(lo - b0, hi - lo)
-            i += 1
+        stop = latest if end is None else max(start, min(end, latest))
+        chunks: list[PlannedChunk] = []
+        if start < stop:
+            i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
+            j = int(np.searchsorted(rows["base"], stop, side="left"))
+            sel = rows[i:j]
+            for seq, pos, length, base, n, ts, crc in zip(
+                    sel["seq"].tolist(), sel["pos"].tolist(), sel["len"].tolist(),
+                    sel["base"].tolist(), sel["n"].tolist(), sel["ts"].tolist(),
+                    sel["crc"].tolist(), strict=True):
+                path = self._segment_path(p, seq, tiers[seq])
+                chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
+        return ReadPlan(self.store.root, self.name, p, start, max(start, stop), tuple(chunks))
+
+    def bytes_between(self, partition: int, start: int, end: int) -> int:
+        """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
+        rows = self._state.chunks[partition].rows()
+        if end <= start or not len(rows):
+            return 0
+        i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
+        j = int(np.searchsorted(rows["base"], end, side="left"))
+        sel = rows[i:j]
+        lo = np.maximum(sel["base"], start)
+        hi = np.minimum(sel["base"] + sel["n"], end)
+        frac = np.clip(hi - lo, 0, None) / np.maximum(sel["n"], 1)
+        return int((frac * sel["len"]).sum())
+
+    def offset_for_time(self, partition: int, timestamp_ms: int) -> int:
+        """The first offset committed at or after ``timestamp_ms`` (latest if none)."""
+        p = self._check_partition(partition)
+        self.refresh()
+        st = self._state
+        rows = st.chunks[p].rows()
+        i = int(np.searchsorted(rows["ts"], timestamp_ms, side="left"))
+        return int(rows["base"][i]) if i < len(rows) else st.next_offset[p]
 
     def _segment_path(self, p: int, seq: int, tier: int) -> str:
         return self.store.tier(tier).segment_path(self.name, p, seq)
-
-    def _chunk_buffer(self, p: int, seq: int, tiers: dict[int, int], pos: int, length: int,
-                      base: int, n: int) -> pa.Buffer:
-        path = self._segment_path(p, seq, tiers[seq])
-        try:
-            return self._maps.slice(path, pos, length)
-        except FileNotFoundError:
-            pass
-        # The segment may have moved since we planned: re-resolve from the log once.
-        self.refresh()
-        seg = self._state.segments.get(segment_id(p, seq))
-        if seg is not None:
-            tiers[seq] = seg.tier
-            try:
-                return self._maps.slice(self._segment_path(p, seq, seg.tier), pos, length)
-            except FileNotFoundError:
-                pass
-        raise DataLoss(f"topic {self.name!r} partition {p}: offsets {base}..{base + n - 1} are "
-                       f"in segment {segment_id(p, seq)} whose file {path} is missing")
-
-    def _corrupt(self, p: int, seq: int, tiers: dict[int, int], base: int, n: int) -> Exception:
-        from .errors import CorruptSegment
-        return CorruptSegment(
-            f"topic {self.name!r} partition {p}: chunk with offsets {base}..{base + n - 1} in "
-            f"{self._segment_path(p, seq, tiers[seq])} does not match its checksum")
 
     # -- segments, partitions, positions --------------------------------------------------
     def segments(self) -> list[SegmentInfo]:
@@ -552,7 +548,6 @@ class Topic:
         for _, w in self._writers.values():
             w.close()
         self._writers.clear()
-        self._maps.clear()
 
 
 def _time_range(chunk: EncodedChunk, column: str) -> tuple[int | None, int | None]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..config import StoreConfig, TierSpec
-from .base import MappedFiles, SegmentWriter, Tier
+from .base import SegmentWriter, Tier
 from .file import FileTier
 from .pmem import PmemTier
 
-__all__ = ["FileTier", "MappedFiles", "PmemTier", "SegmentWriter", "Tier", "make_tier"]
+__all__ = ["FileTier", "PmemTier", "SegmentWriter", "Tier", "make_tier"]
 
 
 def make_tier(spec: TierSpec, config: StoreConfig) -> Tier:

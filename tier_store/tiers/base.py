@@ -11,8 +11,6 @@ import os
 import time
 from abc import ABC, abstractmethod
 
-import pyarrow as pa
-
 from ..chunk import EncodedChunk
 from ..config import TierSpec
 from ..layout import segment_relpath
@@ -95,34 +93,3 @@ class Tier(ABC):
 
 def new_header(partition: int, seq: int) -> SegmentHeader:
     return SegmentHeader(partition, seq, HEADER_SIZE, False, int(time.time() * 1000))
-
-
-class MappedFiles:
-    """Read-only Arrow memory maps of segment files, cached per path and remapped on growth.
-
-    A file tier's active segment grows after it was mapped; a chunk past the mapped length
-    remaps it. Files are never shrunk while they may be mapped, so a mapping stays valid.
-    """
-
-    def __init__(self, limit: int = 256):
-        self._maps: dict[str, pa.Buffer] = {}
-        self._limit = limit
-
-    def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
-        buf = self._maps.get(path)
-        if buf is None or pos + length > buf.size:
-            mm = pa.memory_map(path, "r")  # raises FileNotFoundError for a missing file
-            buf = mm.read_buffer()
-            mm.close()  # the buffer keeps the mapping alive
-            if len(self._maps) >= self._limit:
-                self._maps.pop(next(iter(self._maps)))
-            self._maps[path] = buf
-        if pos + length > buf.size:
-            raise EOFError(f"{path}: chunk [{pos}, {pos + length}) past the file's end {buf.size}")
-        return buf.slice(pos, length)
-
-    def forget(self, path: str) -> None:
-        self._maps.pop(path, None)
-
-    def clear(self) -> None:
-        self._maps.clear()

@@ -1,0 +1,139 @@
+"""Reading: plan on one side (where the commit log is loaded), execute anywhere.
+
+:meth:`Topic.plan_read` turns ``[start, end)`` of a partition into a :class:`ReadPlan`: the
+chunks' files, byte ranges, offsets and commit times. A plan is small and picklable, so a
+Spark driver can plan and an executor can execute without loading the commit log at all.
+:func:`execute` memory-maps the files and yields Arrow record batches sliced exactly at the
+range. If a file is gone (the segment moved since planning), it opens the store, plans again
+once, and goes on; a file still missing then is :class:`DataLoss`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from .chunk import checksum, read_chunk
+from .errors import CorruptSegment, DataLoss
+
+
+@dataclass(frozen=True)
+class PlannedChunk:
+    """One committed chunk to read: file, byte range, offsets, commit time and checksum."""
+
+    path: str
+    pos: int
+    length: int
+    base: int
+    records: int
+    timestamp: int
+    crc: int
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What to read for ``[start, end)`` of one partition (picklable)."""
+
+    root: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    chunks: tuple[PlannedChunk, ...]
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.length for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A batch read by a plan: the records, the offset of its first row, its commit time."""
+
+    batch: pa.RecordBatch
+    offset: int
+    timestamp: int
+
+
+class MappedFiles:
+    """Read-only Arrow memory maps of segment files, cached per process.
+
+    A growing file (a file tier's active segment) is remapped when a chunk lies past the
+    mapped length. A cached mapping is used only while the path still names the same inode:
+    a pool file renamed to a new segment must never be read through an old mapping.
+    Files are never shrunk while they may be mapped, so a mapping stays valid.
+    """
+
+    def __init__(self, limit: int = 256):
+        self._maps: dict[str, tuple[int, int, pa.Buffer]] = {}
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
+        st = os.stat(path)  # FileNotFoundError for a missing file
+        with self._lock:
+            hit = self._maps.get(path)
+        if hit is None or hit[:2] != (st.st_dev, st.st_ino) or pos + length > hit[2].size:
+            with pa.memory_map(path, "r") as mm:
+                buf = mm.read_buffer()  # the buffer keeps the mapping alive after close
+            with self._lock:
+                if len(self._maps) >= self._limit:
+                    self._maps.pop(next(iter(self._maps)))
+                self._maps[path] = (st.st_dev, st.st_ino, buf)
+        else:
+            buf = hit[2]
+        if pos + length > buf.size:
+            raise CorruptSegment(f"{path}: chunk [{pos}, {pos + length}) lies past the file's "
+                                 f"end ({buf.size} bytes)")
+        return buf.slice(pos, length)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
+
+
+MAPS = MappedFiles()
+
+
+def execute(plan: ReadPlan, verify: bool = False, replan: bool = True
+            ) -> Iterator[PlannedBatch]:
+    """Yield the plan's records as Arrow batches, zero-copy from memory-mapped chunks."""
+    at_offset = plan.start
+    for i, c in enumerate(plan.chunks):
+        try:
+            buf = MAPS.slice(c.path, c.pos, c.length)
+        except FileNotFoundError:
+            if not replan:
+                raise DataLoss(
+                    f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
+                    f"{c.base + c.records - 1} are in {c.path}, which is missing") from None
+            # The segment moved (or was deleted) since planning: plan the rest again, once.
+            from .store import Store
+            topic = Store.open(plan.root).topic(plan.topic)
+            rest = topic.plan_read(plan.partition, max(at_offset, plan.chunks[i].base),
+                                   plan.end)
+            yield from execute(rest, verify, replan=False)
+            return
+        where = (f"{plan.topic}/{plan.partition} offsets {c.base}..{c.base + c.records - 1} "
+                 f"in {c.path}")
+        if verify and checksum(buf) != c.crc:
+            raise CorruptSegment(f"topic {plan.topic!r} partition {plan.partition}: chunk with "
+                                 f"offsets {c.base}..{c.base + c.records - 1} in {c.path} does "
+                                 "not match its checksum")
+        row = c.base
+        for batch in read_chunk(buf, where):
+            b0, b1 = row, row + batch.num_rows
+            row = b1
+            lo, hi = max(plan.start, b0), min(plan.end, b1)
+            if lo < hi:
+                out = batch if (lo, hi) == (b0, b1) else batch.slice(lo - b0, hi - lo)
+                yield PlannedBatch(out, lo, c.timestamp)
+                at_offset = hi
