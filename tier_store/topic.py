@@ -65,6 +65,22 @@ def as_table(data: Any) -> pa.Table:
     )
 
 
+def loose_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with nested nullability and time zones erased: types equal under this are the
+    same data (a time zone only says how instants are shown) and convert by a cast."""
+    if pa.types.is_timestamp(t):
+        return pa.timestamp(t.unit, tz="UTC" if t.tz else None)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner = loose_type(t.value_type)
+        return pa.list_(inner) if pa.types.is_list(t) else pa.large_list(inner)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(i).name, loose_type(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(loose_type(t.key_type), loose_type(t.item_type))
+    return t
+
+
 def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
     """Make ``table`` carry exactly ``schema``: reorder columns by name, and cast nullable
     columns into non-null fields when they hold no null. Anything else is SchemaMismatch."""
@@ -86,7 +102,7 @@ def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
     problems = []
     for f in schema:
         got = table.schema.field(f.name)
-        if not got.type.equals(f.type):
+        if not loose_type(got.type).equals(loose_type(f.type)):
             problems.append(f"column {f.name!r}: topic has {f.type}, data has {got.type}")
         elif not f.nullable and table.column(f.name).null_count:
             problems.append(f"column {f.name!r} is not nullable in the topic but the data holds "
@@ -94,7 +110,11 @@ def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
     if problems:
         raise SchemaMismatch(f"data written to topic {topic!r} does not match its schema: "
                              + "; ".join(problems))
-    return table.cast(schema)
+    try:
+        return table.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise SchemaMismatch(f"data written to topic {topic!r} does not fit its schema: {e}"
+                             ) from None
 
 
 class Topic:

@@ -1,0 +1,331 @@
+"""The ``pafka`` source: batch and streaming readers over topics of a tier store.
+
+Planning runs on the driver, where the commit log is held and refreshed incrementally; each
+Spark partition carries a :class:`~tier_store.reading.ReadPlan` (files, byte ranges, offsets),
+so executors only map files and slice Arrow batches — they never read the commit log.
+
+Streaming positions are Kafka's: ``{"<topic>": {"<partition>": <next offset>}}`` with partitions
+in ascending order (Spark compares offsets as JSON text).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from tier_store import DataLoss, PafkaError, SchemaMismatch, Store, Topic
+from tier_store.reading import ReadPlan, execute
+
+from .options import SourceOptions
+from .types import conform_batch, target_arrow_schema
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, dict[str, int]]
+
+
+@dataclass
+class PafkaPartition(InputPartition):
+    """One Spark partition: a planned offset range of one topic partition."""
+
+    plan: ReadPlan
+
+    def __init__(self, plan: ReadPlan):  # InputPartition's own __init__ takes a value
+        self.plan = plan
+        self.value = None
+
+
+def resolve_topics(store: Store, opts: SourceOptions) -> list[Topic]:
+    """The topics an options set names, checked to share one schema."""
+    if opts.pattern is not None:
+        rx = re.compile(opts.pattern)
+        names = [n for n in store.topics() if rx.fullmatch(n)]
+        if not names:
+            raise PafkaError(f"no topic of {store.root} matches subscribePattern "
+                             f"{opts.pattern!r}; topics: {', '.join(store.topics()) or '(none)'}")
+    else:
+        names = list(opts.topics)
+    topics = [store.topic(n) for n in names]
+    check_same_schema(topics)
+    return topics
+
+
+def check_same_schema(topics: list[Topic]) -> None:
+    first = topics[0]
+    for t in topics[1:]:
+        if not t.schema.equals(first.schema):
+            raise SchemaMismatch(f"topics read together must have equal schemas: {t.name!r} has "
+                                 f"({_describe(t.schema)}), {first.name!r} has "
+                                 f"({_describe(first.schema)})")
+
+
+def _describe(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
+
+
+def read_plan(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool,
+              fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+    """Execute a plan on an executor, adding metadata columns and casting to ``target``."""
+    try:
+        for pb in execute(plan, verify):
+            b = pb.batch
+            if include_metadata:
+                n = b.num_rows
+                cols = b.columns + [
+                    pa.array([plan.topic] * n, pa.string()) if n < 64 else
+                    pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                                   pa.array([plan.topic])).cast(pa.string()),
+                    pa.array(np.full(n, plan.partition, np.int32)),
+                    pa.array(np.arange(pb.offset, pb.offset + n, dtype=np.int64)),
+                    pa.array(np.full(n, pb.timestamp * 1000, np.int64)).cast(
+                        pa.timestamp("us", tz="UTC")),
+                ]
+                b = pa.RecordBatch.from_arrays(cols, names=target.names)
+            yield conform_batch(b, target)
+    except DataLoss as e:
+        if fail_on_data_loss:
+            raise
+        log.warning("skipping lost data (failOnDataLoss=false): %s", e)
+
+
+class _Planning:
+    """What batch and streaming readers share: options, the store, and splitting ranges."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType):
+        self.opts = opts
+        self.schema = schema
+        self.target = target_arrow_schema(schema)
+        self._store: Store | None = None
+        self._topics: dict[str, Topic] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get a pickled copy: they need the options and schema, not store handles.
+        state = dict(self.__dict__)
+        state["_store"] = None
+        state["_topics"] = {}
+        return state
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store.open(self.opts.root, self.opts.config or None)
+        return self._store
+
+    def topics(self) -> dict[str, Topic]:
+        """The topics read, refreshed; a pattern is re-evaluated (new topics join)."""
+        if not self._topics or self.opts.pattern is not None:
+            found = resolve_topics(self.store, self.opts)
+            for t in found:
+                if t.name not in self._topics and self._topics:
+                    check_same_schema([next(iter(self._topics.values())), t])
+                self._topics.setdefault(t.name, t)
+        for t in self._topics.values():
+            t.refresh()
+        return dict(sorted(self._topics.items()))
+
+    def resolve(self, spec: Any, default: str, kind: str) -> Offsets:
+        """Offsets for every partition of every topic from a starting/ending spec."""
+        out: Offsets = {}
+        for name, t in self.topics().items():
+            earliest, latest = t.earliest_offsets(), t.latest_offsets()
+            parts: dict[str, int] = {}
+            chosen = spec if spec is not None else default
+            given = chosen.get(name, {}) if isinstance(chosen, dict) else {}
+            if isinstance(chosen, dict):
+                unknown = [p for p in given if int(p) >= t.partitions]
+                if unknown:
+                    raise PafkaError(f"{kind} names partitions {unknown} of topic {name!r}, "
+                                     f"which has partitions 0..{t.partitions - 1}")
+            for p in range(t.partitions):
+                if isinstance(chosen, str):
+                    off = earliest[p] if chosen == "earliest" else latest[p]
+                else:
+                    off = given.get(str(p), -2 if kind.startswith("starting") else -1)
+                    off = earliest[p] if off == -2 else latest[p] if off == -1 else off
+                parts[str(p)] = off
+            out[name] = parts
+        if isinstance(spec, dict):
+            missing = [n for n in spec if n not in out]
+            if missing:
+                raise PafkaError(f"{kind} names topics {missing} that are not read "
+                                 f"(reading {list(out)})")
+        return out
+
+    def by_timestamp(self) -> Offsets | None:
+        opts = self.opts
+        if opts.starting_timestamp is None and opts.starting_by_timestamp is None:
+            return None
+        out: Offsets = {}
+        for name, t in self.topics().items():
+            stamps = (opts.starting_by_timestamp or {}).get(name, {})
+            out[name] = {}
+            for p in range(t.partitions):
+                ts = opts.starting_timestamp if opts.starting_timestamp is not None \
+                    else stamps.get(str(p))
+                out[name][str(p)] = t.offset_for_time(p, ts) if ts is not None \
+                    else t.earliest_offsets()[p]
+        return out
+
+    def plan(self, start: Offsets, end: Offsets) -> list[PafkaPartition]:
+        """Split ``[start, end)`` into Spark partitions of bounded size."""
+        ranges: list[tuple[Topic, int, int, int]] = []
+        topics = self.topics()
+        for name, parts in end.items():
+            t = topics[name]
+            earliest = t.earliest_offsets()
+            for p, e in parts.items():
+                s = start.get(name, {}).get(p, earliest[int(p)])
+                if s < earliest[int(p)]:
+                    lost = (f"topic {name!r} partition {p}: offsets {s}..{earliest[int(p)] - 1} "
+                            f"were deleted by retention before they were read")
+                    if self.opts.fail_on_data_loss:
+                        raise DataLoss(lost + "; set failOnDataLoss=false to skip them")
+                    log.warning("%s; skipping to offset %d", lost, earliest[int(p)])
+                    s = earliest[int(p)]
+                if e > s:
+                    ranges.append((t, int(p), s, e))
+        pieces: list[tuple[Topic, int, int, int]] = []
+        cap = self.opts.max_records_per_partition
+        total = sum(e - s for _, _, s, e in ranges)
+        if self.opts.min_partitions and total:
+            cap = min(cap, max(1, -(-total // self.opts.min_partitions)))
+        for t, p, s, e in ranges:
+            n = -(-(e - s) // cap)
+            step = -(-(e - s) // n)
+            for lo in range(s, e, step):
+                pieces.append((t, p, lo, min(e, lo + step)))
+        return [PafkaPartition(t.plan_read(p, s, e)) for t, p, s, e in pieces]
+
+    def read(self, partition: PafkaPartition) -> Iterator[pa.RecordBatch]:
+        return read_plan(partition.plan, self.target, self.opts.include_metadata,
+                         self.opts.verify, self.opts.fail_on_data_loss)
+
+
+class PafkaBatchReader(_Planning, DataSourceReader):
+    """``spark.read.format("pafka")``: from startingOffsets (default earliest) to
+    endingOffsets (default latest), as they are when the query is planned."""
+
+    def partitions(self) -> list[PafkaPartition]:
+        start = self.by_timestamp() or self.resolve(self.opts.starting, "earliest",
+                                                    "startingOffsets")
+        end = self.resolve(self.opts.ending, "latest", "endingOffsets")
+        return self.plan(start, end)
+
+
+class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("pafka")``: Kafka's offsets, read limits and AvailableNow."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType):
+        super().__init__(opts, schema)
+        if opts.ending is not None:
+            raise PafkaError("endingOffsets applies to batch reads only; a stream reads on")
+        self._target: Offsets | None = None
+        self._last_batch_ms = time.time() * 1000
+
+    def initialOffset(self) -> Offsets:
+        return self.by_timestamp() or self.resolve(self.opts.starting, "latest",
+                                                   "startingOffsets")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        o = self.opts
+        if o.max_records is not None:
+            return ReadMaxRows(o.max_records)
+        if o.max_bytes is not None:
+            return ReadMaxBytes(o.max_bytes)
+        if o.min_records is not None:
+            return ReadMinRows(o.min_records)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()
+
+    def _latest(self) -> Offsets:
+        return {name: {str(p): off for p, off in t.latest_offsets().items()}
+                for name, t in self.topics().items()}
+
+    def reportLatestOffset(self) -> Offsets:
+        return self._latest()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        latest = self._latest()
+        topics = self.topics()
+        if self._target is not None:
+            latest = {n: {p: min(o, self._target.get(n, {}).get(p, o)) for p, o in parts.items()}
+                      for n, parts in latest.items() if n in self._target}
+        # Partitions and topics that appeared since start begin at their earliest offset.
+        begin = {n: {p: start.get(n, {}).get(p, topics[n].earliest_offsets()[int(p)])
+                     for p in parts} for n, parts in latest.items()}
+        begin = {n: {p: min(o, latest[n][p]) for p, o in parts.items()}
+                 for n, parts in begin.items()}
+        if not isinstance(limit, ReadAllAvailable):
+            latest = self._limit(begin, latest, topics)
+        if latest != begin:
+            self._last_batch_ms = time.time() * 1000
+        # Keep offsets of topics that start knows but no longer match (e.g. a deleted topic).
+        for n, parts in start.items():
+            latest.setdefault(n, dict(parts))
+        return {n: latest[n] for n in sorted(latest)}
+
+    def _limit(self, begin: Offsets, latest: Offsets, topics: dict[str, Topic]) -> Offsets:
+        o = self.opts
+        avail = {(n, p): latest[n][p] - begin[n][p] for n in latest for p in latest[n]}
+        total = sum(avail.values())
+        if total == 0:
+            return latest
+        if o.min_records is not None and self._target is None and total < o.min_records and \
+                time.time() * 1000 - self._last_batch_ms < o.max_trigger_delay_ms:
+            return begin
+        allow = total
+        if o.max_records is not None:
+            allow = min(allow, o.max_records)
+        if o.max_bytes is not None:
+            nbytes = sum(topics[n].bytes_between(int(p), begin[n][p], latest[n][p])
+                         for n, p in avail)
+            if nbytes > o.max_bytes:
+                allow = min(allow, max(1, int(total * o.max_bytes / nbytes)))
+        if allow >= total:
+            return latest
+        # Share the allowance in proportion to each partition's backlog, as Kafka does.
+        keys = sorted(avail)
+        shares = {k: avail[k] * allow // total for k in keys}
+        left = allow - sum(shares.values())
+        for k in sorted(keys, key=lambda k: avail[k] - shares[k], reverse=True):
+            if left <= 0:
+                break
+            if shares[k] < avail[k]:
+                shares[k] += 1
+                left -= 1
+        return {n: {p: begin[n][p] + shares[(n, p)] for p in latest[n]} for n in latest}
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[PafkaPartition]:
+        return self.plan(start, end)
+
+    def commit(self, end: Offsets) -> None:
+        if self.opts.consumer_group is None:
+            return
+        topics = self.topics()
+        for name, parts in end.items():
+            if name in topics:
+                topics[name].set_position(self.opts.consumer_group,
+                                          {int(p): o for p, o in parts.items()})
