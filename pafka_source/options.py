@@ -112,6 +112,12 @@ def _check_known(opts: Mapping[str, str], known: Mapping[str, str], what: str) -
                          "conf/pafka.properties")
 
 
+def check_option_names(options: Mapping[str, str]) -> None:
+    """Reject a name that is neither a source nor a sink option nor a store key."""
+    _check_known({str(k).lower(): v for k, v in options.items()},
+                 {**SOURCE_OPTIONS, **SINK_OPTIONS}, "pafka")
+
+
 def store_config(opts: Mapping[str, str]) -> dict[str, Any]:
     """Store configuration from options: the properties file, overridden by option keys."""
     conf: dict[str, Any] = {}

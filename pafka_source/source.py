@@ -33,7 +33,7 @@ from tier_store import PafkaError, SchemaMismatch, TopicExists
 from tier_store.layout import check_topic_name
 from tier_store.topic import loose_type
 
-from .options import SinkOptions, SourceOptions
+from .options import SinkOptions, SourceOptions, check_option_names
 from .reader import PafkaBatchReader, PafkaStreamReader, resolve_topics
 from .types import spark_schema, topic_schema_from_spark
 from .writer import PafkaBatchWriter, PafkaStreamWriter, open_store
@@ -41,6 +41,12 @@ from .writer import PafkaBatchWriter, PafkaStreamWriter, open_store
 
 class PafkaDataSource(DataSource):
     __doc__ = __doc__
+
+    def __init__(self, options: dict[str, str]):
+        super().__init__(options)
+        # Spark builds the source when a query is defined (load/start), but asks for its
+        # stream writer only when the first micro-batch runs: check what can be checked now.
+        check_option_names(options)
 
     @classmethod
     def name(cls) -> str:

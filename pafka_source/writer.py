@@ -74,9 +74,9 @@ class _Writing:
         batch_id = int(batch_prop) if batch_prop is not None else None
         topic = self._topic()
         refs: list[ChunkRef] = []
-        # Without a key, each Arrow batch goes to the next partition in turn (so a few tasks
-        # still fill every partition); batches bound for one partition are gathered into
-        # chunks of up to CHUNK_TARGET_BYTES. With a key, the store routes rows by hash.
+        # Without a key, each Arrow batch is sliced (zero-copy) over all partitions in turn,
+        # so that even one task fills every partition; slices bound for one partition are
+        # gathered into chunks of up to CHUNK_TARGET_BYTES. With a key, the store routes rows.
         pending: dict[int | None, list[pa.RecordBatch]] = {}
         sizes: dict[int | None, int] = {}
         records = 0
@@ -90,16 +90,27 @@ class _Writing:
                                                key=self.opts.key,
                                                timestamp_column=self.opts.timestamp_column))
 
-        for batch in iterator:
-            if batch.num_rows == 0:
-                continue
-            p = None if self.opts.key is not None else turn % topic.partitions
-            turn += 1
+        def add(p: int | None, batch: pa.RecordBatch) -> None:
             pending.setdefault(p, []).append(batch)
             sizes[p] = sizes.get(p, 0) + batch.nbytes
-            records += batch.num_rows
             if sizes[p] >= CHUNK_TARGET_BYTES:
                 flush(p)
+
+        for batch in iterator:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            records += n
+            if self.opts.key is not None:
+                add(None, batch)
+                continue
+            k = min(topic.partitions, n)
+            at = 0
+            for j in range(k):
+                rows = n // k + (1 if j < n % k else 0)
+                add((turn + j) % topic.partitions, batch.slice(at, rows))
+                at += rows
+            turn += k
         for p in list(pending):
             flush(p)
         return PafkaCommitMessage([r.to_dict() for r in refs],

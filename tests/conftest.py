@@ -59,3 +59,20 @@ def read_all(topic, partition: int, start: int = 0, end: int | None = None) -> l
     for b in topic.read(partition, start, end):
         out.extend(b.column("key").to_pylist())
     return out
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One real SparkSession (local[2]) for the whole test session."""
+    os.environ.setdefault("PYSPARK_PYTHON", PYTHON)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[2]").appName("pafka-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
