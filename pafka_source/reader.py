@@ -268,16 +268,18 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
         return self._latest()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        latest = self._latest()
-        topics = self.topics()
+        topics = self.topics()  # refreshed once: reads only the new commit-log entries
+        latest = {n: {str(p): o for p, o in enumerate(t.state(refresh=False).next_offset)}
+                  for n, t in topics.items()}
         if self._target is not None:
             latest = {n: {p: min(o, self._target.get(n, {}).get(p, o)) for p, o in parts.items()}
                       for n, parts in latest.items() if n in self._target}
         # Partitions and topics that appeared since start begin at their earliest offset.
-        begin = {n: {p: start.get(n, {}).get(p, topics[n].earliest_offsets()[int(p)])
-                     for p in parts} for n, parts in latest.items()}
-        begin = {n: {p: min(o, latest[n][p]) for p, o in parts.items()}
-                 for n, parts in begin.items()}
+        begin: Offsets = {}
+        for n, parts in latest.items():
+            earliest = topics[n].state(refresh=False).start_offset
+            begin[n] = {p: min(start.get(n, {}).get(p, earliest[int(p)]), o)
+                        for p, o in parts.items()}
         if not isinstance(limit, ReadAllAvailable):
             latest = self._limit(begin, latest, topics)
         if latest != begin:

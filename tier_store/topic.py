@@ -161,9 +161,11 @@ class Topic:
             self._state = self._log.refresh(self._state)
         return self
 
-    def state(self) -> TopicState:
-        """The refreshed state (for the store's own modules: placement, retention, migration)."""
-        self.refresh()
+    def state(self, refresh: bool = True) -> TopicState:
+        """The topic's state (refreshed unless ``refresh=False``): segments, chunk index,
+        offsets, writers, positions. Treat it as read-only."""
+        if refresh:
+            self.refresh()
         return self._state
 
     def latest_offsets(self) -> dict[int, int]:
