@@ -55,6 +55,14 @@ SINK_OPTIONS = {
     "pafka.config": "path of a .properties file with store configuration",
 }
 
+# The spelling users write (Spark hands options over lower-cased).
+NAMES = {k.lower(): k for k in (
+    "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp",
+    "startingOffsetsByTimestamp", "failOnDataLoss", "includeMetadata", "maxOffsetsPerTrigger",
+    "maxRecordsPerTrigger", "maxBytesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+    "minPartitions", "maxRecordsPerPartition", "consumerGroup", "verifyChecksums",
+    "timestampColumn", "writerId", "checkpointLocation")}
+
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|sec|m|min|h|d|seconds?|minutes?|hours?|days?)?\s*$",
                           re.IGNORECASE)
 _UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "m": 60_000,
@@ -110,6 +118,17 @@ def _check_known(opts: Mapping[str, str], known: Mapping[str, str], what: str) -
         raise PafkaError(f"unknown {what} option {name!r}{hint} Known options: "
                          f"{', '.join(sorted(known))}, and the store keys of "
                          "conf/pafka.properties")
+
+
+def markdown_tables() -> str:
+    """The README's tables of source and sink options."""
+    out = []
+    for title, table in (("Source", SOURCE_OPTIONS), ("Sink", SINK_OPTIONS)):
+        out += [f"| {title} option | meaning |", "|---|---|"]
+        out += [f"| `{NAMES.get(k, k)}` | {v.replace('|', chr(92) + '|')} |"
+                for k, v in table.items()]
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 def check_option_names(options: Mapping[str, str]) -> None:

@@ -79,3 +79,9 @@ def test_three_tiers_use_numbered_keys(tmp_path):
 def test_missing_properties_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read configuration file"):
         Store.open(tmp_path, str(tmp_path / "nope.properties"))
+
+
+def test_readme_option_tables_match_the_declared_options():
+    from pafka_source.options import markdown_tables
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert markdown_tables() in f.read()
