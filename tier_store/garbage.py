@@ -20,7 +20,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from .layout import SEGMENT_SUFFIX, segment_id
+from .layout import SEGMENT_SUFFIX, TMP_PREFIX, segment_id
 
 if TYPE_CHECKING:
     from .store import Store
@@ -47,6 +47,15 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
             candidates = []
             active = topic.active_segment(p) if p < st.partitions else None
             for fname in os.listdir(pdir):
+                path = os.path.join(pdir, fname)
+                if fname.startswith(TMP_PREFIX):
+                    # A copy of an interrupted move: nothing references it.
+                    try:
+                        if now - os.stat(path).st_mtime > grace_s:
+                            candidates.append(path)
+                    except FileNotFoundError:
+                        pass
+                    continue
                 if not fname.endswith(SEGMENT_SUFFIX) or not fname[:-4].isdigit():
                     continue
                 seq = int(fname[: -len(SEGMENT_SUFFIX)])
@@ -54,8 +63,7 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                 seg = st.segments.get(sid)
                 if (seg is not None and seg.tier == tier.number) or active == (seq, tier.number):
                     continue
-                tomb = st.tombstones.get(sid)
-                path = os.path.join(pdir, fname)
+                tomb = st.tombstone(sid, tier.number)
                 if tomb is not None and tomb[0] == tier.number:
                     age = now - tomb[1] / 1000.0
                 else:
@@ -73,8 +81,9 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                 # The active pointer may have moved while we looked: re-check under the lock.
                 active = topic.active_segment(p)
                 for path in candidates:
-                    seq = int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)])
-                    if active == (seq, tier.number):
+                    name = os.path.basename(path)
+                    if name.endswith(SEGMENT_SUFFIX) and \
+                            active == (int(name[: -len(SEGMENT_SUFFIX)]), tier.number):
                         continue
                     tier.release_segment(path)
                     reclaimed += 1

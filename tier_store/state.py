@@ -146,8 +146,13 @@ class TopicState:
     chunks: list[ChunkIndex] = field(default_factory=list)
     writers: dict[str, int] = field(default_factory=dict)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
-    # id -> [tier, deleted_ts] of segment files no longer referenced, reclaimed after grace
+    # "<id>@<tier>" -> [tier, ts of the delete or move] of segment files no longer
+    # referenced, reclaimed after the grace period
     tombstones: dict[str, list[int]] = field(default_factory=dict)
+
+    def tombstone(self, sid: str, tier: int) -> list[int] | None:
+        """[tier, ts] if segment ``sid``'s file on ``tier`` was deleted or moved away."""
+        return self.tombstones.get(f"{sid}@{tier}")
 
     # -- replay -------------------------------------------------------------------------
     def apply(self, version: int, entry: Entry) -> None:
@@ -209,7 +214,7 @@ class TopicState:
             seg = self.segments.pop(sid, None)
             if seg is None:
                 continue
-            self.tombstones[sid] = [seg.tier, e.ts]
+            self.tombstones[f"{sid}@{seg.tier}"] = [seg.tier, e.ts]
             by_part.setdefault(seg.partition, set()).add(seg.seq)
         for p, seqs in by_part.items():
             self.chunks[p].drop_segments(seqs)
@@ -220,14 +225,14 @@ class TopicState:
         olds = [self.segments.pop(segment_id(e.p, s)) for s in e.sources]
         for old in olds:
             if not (old.seq == e.seq and old.tier == e.tier):
-                self.tombstones[old.id] = [old.tier, e.ts]
+                self.tombstones[f"{old.id}@{old.tier}"] = [old.tier, e.ts]
         new = SegmentState(
             e.p, e.seq, e.tier, min(o.base for o in olds), max(o.end for o in olds),
             sum(c.n for c in e.chunks), sum(c.len for c in e.chunks),
             max((c.pos + c.len for c in e.chunks), default=0),
             len(e.chunks), min(o.first_ts for o in olds), max(o.last_ts for o in olds))
         self.segments[new.id] = new
-        self.tombstones.pop(new.id, None)
+        self.tombstones.pop(f"{new.id}@{new.tier}", None)
         self.chunks[e.p].replace_segments({o.seq for o in olds}, list(e.chunks),
                                           np.zeros(len(e.chunks), np.int64))
 

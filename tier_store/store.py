@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -34,6 +34,7 @@ from .layout import (
     log_dir,
     partitions_dir,
 )
+from .moves import MoveResult, move_segment
 from .recovery import CheckReport, check_topic
 from .state import TopicState
 from .tiers import PmemTier, SegmentWriter, Tier, make_tier
@@ -252,6 +253,20 @@ class Store:
               progress: Any = None) -> list[CheckReport]:
         """Check topics against their commit logs (see :mod:`tier_store.recovery`)."""
         return [check_topic(self.topic(n), verify, progress) for n in (topics or self.topics())]
+
+    def move_segment(self, segment_id: str, tier: int, merge_with: Sequence[str] = (),
+                     topic: str | None = None,
+                     throttle: Callable[[int], None] | None = None) -> MoveResult:
+        """Move a sealed segment (``"<topic>/<partition>-<seq>"``, or its id with ``topic=``)
+        to tier ``tier``, merging the adjacent sealed segments ``merge_with`` into it: copy,
+        verify, commit a ``move`` entry; the old files go after the grace period."""
+        if topic is None:
+            if "/" not in segment_id:
+                raise PafkaError(f"segment {segment_id!r}: name it as '<topic>/<partition>-<seq>'"
+                                 " or pass topic=")
+            topic, segment_id = segment_id.split("/", 1)
+        ids = [segment_id, *[m.split("/", 1)[-1] for m in merge_with]]
+        return move_segment(self.topic(topic), ids, tier, throttle)
 
     def collect_garbage(self, topic: Topic) -> int:
         """Reclaim unreferenced segment files of ``topic`` past the grace period."""

@@ -407,7 +407,7 @@ class Topic:
         for r in refs:
             sid = segment_id(r.partition, r.seq)
             seg = st.segments.get(sid)
-            gone = sid in st.tombstones and (seg is None or seg.tier != r.tier)
+            gone = st.tombstone(sid, r.tier) is not None and (seg is None or seg.tier != r.tier)
             if gone or (seg is not None and seg.tier != r.tier):
                 raise CommitConflict(
                     f"topic {self.name!r}: segment {sid} was moved or deleted after its chunk "

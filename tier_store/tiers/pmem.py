@@ -139,17 +139,9 @@ class PmemTier(Tier):
         if os.path.exists(path):
             # Leftover of a roll that crashed before switching the active pointer.
             self.release_segment(path)
-        for name in self._free_names():
-            try:
-                os.rename(os.path.join(self.pool_dir, name), path)
-            except FileNotFoundError:
-                continue  # another process took it first
-            break
-        else:
+        w = self.take_pool_file(path)
+        if w is None:
             return None
-        fsync_dir(d)
-        fsync_dir(self.pool_dir)
-        w = PmemSegmentWriter(path)
         hdr = new_header(partition, seq).pack()
         w._map.buffer(0, HEADER_SIZE)[:] = hdr
         w._map.flush(0, HEADER_SIZE)
@@ -157,6 +149,18 @@ class PmemTier(Tier):
 
     def open_segment(self, path: str) -> SegmentWriter:
         return PmemSegmentWriter(path)
+
+    def take_pool_file(self, path: str) -> PmemSegmentWriter | None:
+        """Rename a free pool file to ``path`` and map it; None when the pool is empty."""
+        for name in self._free_names():
+            try:
+                os.rename(os.path.join(self.pool_dir, name), path)
+            except FileNotFoundError:
+                continue  # another process took it first
+            fsync_dir(self.pool_dir)
+            fsync_dir(os.path.dirname(path))
+            return PmemSegmentWriter(path)
+        return None
 
     def release_segment(self, path: str) -> None:
         if not os.path.exists(path):

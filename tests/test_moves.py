@@ -1,0 +1,126 @@
+import os
+import time
+
+import pytest
+
+from tier_store import CommitConflict, PafkaError, Store
+from tier_store.moves import seal_idle
+from tier_store.reading import execute
+
+from .conftest import SCHEMA, make_batch, read_all
+
+
+def _tiered(tmp_path, shm_dir, **extra):
+    return Store.open(tmp_path / "store", {
+        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
+        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, "log.cleanup.grace.ms": 0,
+        **extra})
+
+
+def _fill(store, n=40, per=200):
+    t = store.create_topic("t", SCHEMA)
+    for i in range(n):
+        t.append(make_batch(i * per, per))
+    return t
+
+
+def test_moving_a_sealed_segment_down_keeps_offsets_and_content(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s)
+    before = read_all(t, 0)
+    seg = t.segments()[0]
+    assert seg.tier == 1 and seg.sealed
+    free = s.tier(1).free_pool_files()
+    r = s.move_segment(f"t/{seg.id}", 2)
+    assert (r.segment, r.to_tier, r.records) == (seg.id, 2, seg.records)
+    after = {x.id: x for x in t.segments()}
+    assert after[seg.id].tier == 2 and os.path.exists(after[seg.id].path)
+    assert read_all(Store.open(s.root).topic("t"), 0) == before
+    assert s.collect_garbage(t) == 1
+    assert not os.path.exists(seg.path)
+    assert s.tier(1).free_pool_files() == free + 1  # the pool file went back to the pool
+
+
+def test_demotion_merges_adjacent_segments_and_drops_holes(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = s.create_topic("t", SCHEMA)
+    for i in range(50):
+        t.append(make_batch(i * 200, 200))
+        if i % 5 == 0:
+            t.write_chunks(make_batch(10**6, 100))  # never committed: a hole
+    segs = [x for x in t.segments() if x.sealed][:4]
+    assert len(segs) == 4
+    r = s.move_segment(segs[0].id, 2, merge_with=[x.id for x in segs[1:]], topic="t")
+    assert r.sources == tuple(x.id for x in segs)
+    merged = next(x for x in t.segments() if x.id == segs[0].id)
+    assert (merged.base_offset, merged.end_offset) == (segs[0].base_offset, segs[-1].end_offset)
+    assert merged.records == sum(x.records for x in segs)
+    assert os.path.getsize(merged.path) < sum(os.path.getsize(x.path) for x in segs)
+    assert read_all(t, 0) == list(range(10000))
+    from tier_store.recovery import check_topic
+    assert check_topic(Store.open(s.root).topic("t")).ok
+
+
+def test_active_segment_never_moves(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s, n=3)
+    active = [x for x in t.segments() if not x.sealed][0]
+    with pytest.raises(PafkaError, match="active segment"):
+        s.move_segment(active.id, 2, topic="t")
+
+
+def test_idle_active_segment_is_sealed_and_then_moves(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s, n=3)
+    active = [x for x in t.segments() if not x.sealed][0]
+    assert seal_idle(t, idle_ms=0, now_ms=t.state().last_ts + 1) == [active.id]
+    s.move_segment(active.id, 2, topic="t")
+    t.append(make_batch(600, 10))  # the next append starts a new segment
+    assert read_all(t, 0) == list(range(610))
+
+
+def test_a_reader_that_planned_before_a_move_still_finishes(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s)
+    plan = t.plan_read(0, 0)
+    for seg in [x for x in t.segments() if x.sealed]:
+        s.move_segment(seg.id, 2, topic="t")
+    got = [k for pb in execute(plan) for k in pb.batch.column("key").to_pylist()]
+    assert got == list(range(8000))
+    s.collect_garbage(t)  # old files gone: the plan re-resolves from the log once
+    got = [k for pb in execute(plan) for k in pb.batch.column("key").to_pylist()]
+    assert got == list(range(8000))
+
+
+def test_a_late_commit_of_a_chunk_whose_segment_moved_fails_clearly(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s, n=2)
+    late = t.write_chunks(make_batch(10**6, 10))
+    active = t.active_segment(0)
+    assert seal_idle(t, 0, now_ms=t.state().last_ts + 1)
+    s.move_segment(f"0-{active[0]}", 2, topic="t")
+    with pytest.raises(CommitConflict, match="moved or deleted"):
+        t.commit(late)
+    assert read_all(t, 0) == list(range(400))
+
+
+def test_promotion_moves_a_segment_back_up(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s)
+    seg = t.segments()[1]
+    s.move_segment(seg.id, 2, topic="t")
+    time.sleep(0.01)  # past the (zero) grace period of the old tier-1 copy
+    s.move_segment(seg.id, 1, topic="t")
+    assert next(x for x in t.segments() if x.id == seg.id).tier == 1
+    assert read_all(t, 0) == list(range(8000))
+
+
+def test_a_move_onto_a_full_tier_fails_and_changes_nothing(tmp_path, shm_dir):
+    s = _tiered(tmp_path, shm_dir, **{"storage.tiers.first.sizes": "256k"})
+    t = _fill(s, n=60)  # tier 1 fills, later segments go to tier 2
+    low = [x for x in t.segments() if x.tier == 2 and x.sealed][0]
+    from tier_store import StoreFull
+    with pytest.raises(StoreFull, match="no free pool file"):
+        s.move_segment(low.id, 1, topic="t")
+    assert read_all(t, 0) == list(range(12000))

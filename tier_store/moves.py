@@ -1,0 +1,308 @@
+"""Moving sealed segments between tiers: copy, verify, commit, delete after a grace period.
+
+A move of one segment, or a merge of adjacent sealed segments of one partition into one:
+
+1. **Plan** against the refreshed state: the sources exist, are sealed (never a partition's
+   active segment), belong to one partition and are adjacent in its offset order, and the
+   target tier has room.
+2. **Copy** the committed chunks, in offset order, into a temporary file on the target tier
+   (on a pmem tier, a pool file): holes left by uncommitted chunks are dropped, so a merged
+   segment holds only what the log references. The new file is flushed and its header says
+   sealed.
+3. **Verify** every chunk's checksum at its new position.
+4. **Commit** one ``move`` entry (optimistic: it conflicts with any entry touching a source
+   segment since the plan; then the copy is discarded and the move retried against the new
+   state). The temporary file gets the segment's name on the target tier first; until the
+   entry is published nothing references it.
+5. The old files become tombstones, **deleted after** ``log.cleanup.grace.ms`` by garbage
+   collection, so a reader that planned against the old location finishes.
+
+A crash at any step loses nothing: before the commit, the log still names the old files (the
+copy is an unreferenced file that garbage collection reclaims); after it, the new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from .chunk import checksum
+from .crash import crash_point
+from .entries import ChunkRecord, MoveEntry
+from .errors import CommitConflict, CorruptSegment, PafkaError, StoreFull
+from .layout import TMP_PREFIX, fsync_dir, parse_segment_id, segment_id
+from .reading import MAPS
+from .segment import HEADER_SIZE, SegmentHeader, align
+from .state import NO_TIME, SegmentState, TopicState
+from .tiers import PmemTier, Tier
+
+if TYPE_CHECKING:
+    from .topic import Topic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    """What one move did."""
+
+    topic: str
+    segment: str  # id of the resulting segment
+    sources: tuple[str, ...]
+    partition: int
+    from_tiers: tuple[int, ...]
+    to_tier: int
+    bytes: int
+    records: int
+    seconds: float
+
+
+def _sources(st: TopicState, topic: Topic, ids: Sequence[str]) -> list[SegmentState]:
+    segs = []
+    for sid in ids:
+        seg = st.segments.get(sid)
+        if seg is None:
+            raise PafkaError(f"topic {topic.name!r} has no committed segment {sid!r}")
+        segs.append(seg)
+    parts = {s.partition for s in segs}
+    if len(parts) != 1:
+        raise PafkaError(f"segments {list(ids)} of topic {topic.name!r} belong to several "
+                         f"partitions {sorted(parts)}: only one partition's segments merge")
+    p = segs[0].partition
+    order = [s.seq for s in st.partition_segments(p)]
+    seqs = sorted(s.seq for s in segs)
+    at = order.index(seqs[0])
+    if order[at:at + len(seqs)] != seqs:
+        raise PafkaError(f"segments {list(ids)} of topic {topic.name!r} are not adjacent in "
+                         f"partition {p}")
+    active = topic.active_segment(p)
+    for s in segs:
+        if (s.seq, s.tier) == active and not _header_sealed(topic, s) or \
+                (active is None and s.seq == max(order)):
+            raise PafkaError(f"segment {s.id} of topic {topic.name!r} is the active segment of "
+                             f"partition {p}: only sealed segments move")
+    return sorted(segs, key=lambda s: s.seq)
+
+
+def _header_sealed(topic: Topic, seg: SegmentState) -> bool:
+    path = topic.store.tier(seg.tier).segment_path(topic.name, seg.partition, seg.seq)
+    try:
+        with open(path, "rb") as f:
+            return SegmentHeader.unpack(f.read(HEADER_SIZE), path).sealed
+    except FileNotFoundError:
+        return False
+
+
+def _rows(st: TopicState, segs: list[SegmentState]) -> np.ndarray:
+    rows = st.chunks[segs[0].partition].rows()
+    return rows[np.isin(rows["seq"], [s.seq for s in segs])]
+
+
+def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
+                 throttle: Callable[[int], None] | None = None,
+                 attempts: int = 5) -> MoveResult:
+    """Move (and merge) sealed segments of ``topic`` to tier ``tier_number``."""
+    store = topic.store
+    target = store.tier(tier_number)
+    for _ in range(attempts):
+        t0 = time.perf_counter()
+        st = topic.state()
+        segs = _sources(st, topic, segment_ids)
+        if len(segs) == 1 and segs[0].tier == tier_number:
+            raise PafkaError(f"segment {segs[0].id} of topic {topic.name!r} is already on "
+                             f"tier {tier_number}")
+        rows = _rows(st, segs)
+        version = st.version
+        seq = segs[0].seq
+        p = segs[0].partition
+        final = target.segment_path(topic.name, p, seq)
+        need = HEADER_SIZE + sum(align(int(n)) for n in rows["len"])
+        if final in (store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs):
+            raise PafkaError("a merge onto the tier a source segment is on is not supported")
+        if os.path.exists(final):
+            # The segment was on this tier before: its old file waits for garbage collection.
+            tomb = st.tombstone(segment_id(p, seq), tier_number)
+            grace = topic._setting("log.cleanup.grace.ms")
+            if tomb is None or tomb[0] != tier_number or \
+                    time.time() * 1000 - tomb[1] <= grace:
+                raise CommitConflict(f"topic {topic.name!r}: {final} still exists (a move of the "
+                                     "segment is under way, or its old copy is in its grace "
+                                     "period); try later")
+            target.release_segment(final)
+        tmp, chunks = _copy(topic, target, segs, rows, st, need, throttle)
+        try:
+            crash_point("move.copied")
+            _verify(tmp, chunks)
+            crash_point("move.verified")
+            # link, not rename: claim the name only if no other copy holds it (another
+            # service moving the same segment, or a copy left by a crash, which garbage
+            # collection reclaims after the grace period).
+            os.link(tmp, final)
+        except FileExistsError:
+            _discard(target, tmp)
+            raise CommitConflict(f"topic {topic.name!r}: {final} already exists (another move "
+                                 "of the segment is under way or was interrupted)") from None
+        except BaseException:
+            _discard(target, tmp)
+            raise
+        os.unlink(tmp)
+        fsync_dir(os.path.dirname(final))
+        entry = MoveEntry(0, p, tuple(s.seq for s in segs), seq, tier_number, tuple(chunks))
+
+        def make(state: TopicState, entry: MoveEntry = entry, version: int = version,
+                 segs: list[SegmentState] = segs) -> MoveEntry | None:
+            if state.version != version:
+                # Conflict rule: a move conflicts with any entry that touched its segments.
+                now = {s.id: (s.tier, s.chunks, s.bytes) for s in state.segments.values()}
+                if any(now.get(s.id) != (s.tier, s.chunks, s.bytes) for s in segs):
+                    raise CommitConflict("segments changed since the move was planned")
+            return MoveEntry(max(state.last_ts, int(time.time() * 1000)), entry.p,
+                             entry.sources, entry.seq, entry.tier, entry.chunks)
+
+        try:
+            topic._publish_retrying(make)
+        except CommitConflict as e:
+            log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
+                     [s.id for s in segs], e)
+            now = topic.state().segments.get(segment_id(p, seq))
+            if now is None or now.tier != tier_number:
+                _discard(target, final)  # ours alone: the name was claimed by our link
+            continue
+        crash_point("move.committed")
+        result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
+                            tuple(s.tier for s in segs), tier_number, int(rows["len"].sum()),
+                            int(rows["n"].sum()), time.perf_counter() - t0)
+        log.info("moved %s/%s (%s) from tier %s to tier %d: %d bytes, %d records in %.3f s",
+                 topic.name, result.segment, ", ".join(result.sources),
+                 "/".join(map(str, result.from_tiers)), tier_number, result.bytes,
+                 result.records, result.seconds)
+        return result
+    raise CommitConflict(f"topic {topic.name!r}: gave up moving {list(segment_ids)} after "
+                         f"{attempts} lost races")
+
+
+def _discard(tier: Tier, path: str) -> None:
+    if isinstance(tier, PmemTier):
+        tier.release_segment(path)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
+          st: TopicState, need: int, throttle: Callable[[int], None] | None
+          ) -> tuple[str, list[ChunkRecord]]:
+    """Copy the committed chunks into a temporary file on ``target``; return it and the
+    chunks at their new positions."""
+    store = topic.store
+    p = segs[0].partition
+    d = os.path.dirname(target.segment_path(topic.name, p, segs[0].seq))
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f"{TMP_PREFIX}move-{os.getpid()}-{os.urandom(4).hex()}")
+    tiers = {s.seq: s.tier for s in segs}
+    if isinstance(target, PmemTier):
+        if need > target.segment_bytes:
+            raise StoreFull(f"merged segment of {need} bytes does not fit a pool file of "
+                            f"{target.segment_bytes} bytes on tier {target.number}")
+        writer = target.take_pool_file(tmp)
+        if writer is None:
+            raise StoreFull(f"tier {target.number} ({target.path}) has no free pool file")
+        mapping = writer._map
+        out = mapping.buffer(0, mapping.length)
+    else:
+        used = store.used_bytes().get(target.number, 0)
+        if target.capacity > 0 and used + need > target.capacity:
+            raise StoreFull(f"tier {target.number} ({target.path}): {used} of "
+                            f"{target.capacity} bytes used, {need} more do not fit")
+        mapping = None
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    chunks: list[ChunkRecord] = []
+    pos = HEADER_SIZE
+    try:
+        for r in rows:
+            seq, length = int(r["seq"]), int(r["len"])
+            src = store.tier(tiers[seq]).segment_path(topic.name, p, seq)
+            buf = MAPS.slice(src, int(r["pos"]), length)
+            pos = align(pos)
+            if mapping is not None:
+                out[pos:pos + length] = memoryview(buf)
+            else:
+                view = memoryview(buf)
+                half = length // 2
+                os.pwrite(fd, view[:half], pos)
+                crash_point("move.copy")
+                os.pwrite(fd, view[half:], pos + half)
+            chunks.append(ChunkRecord(p, segs[0].seq, target.number, pos, length,
+                                      int(r["base"]), int(r["n"]), int(r["crc"]),
+                                      None if r["tmin"] == NO_TIME else int(r["tmin"]),
+                                      None if r["tmax"] == NO_TIME else int(r["tmax"])))
+            pos += length
+            if throttle is not None:
+                throttle(length)
+        header = SegmentHeader(p, segs[0].seq, pos, True, int(time.time() * 1000)).pack()
+        if mapping is not None:
+            out[0:HEADER_SIZE] = header
+            mapping.flush(0, pos)
+            writer.close()
+        else:
+            os.pwrite(fd, header, 0)
+            os.fsync(fd)
+            os.close(fd)
+    except BaseException:
+        if mapping is not None:
+            writer.close()
+        else:
+            os.close(fd)
+        _discard(target, tmp)
+        raise
+    return tmp, chunks
+
+
+def _verify(path: str, chunks: list[ChunkRecord]) -> None:
+    with pa.memory_map(path, "r") as mm:
+        buf = mm.read_buffer()
+        for c in chunks:
+            if checksum(buf.slice(c.pos, c.len)) != c.crc:
+                raise CorruptSegment(f"{path}: chunk with offsets {c.base}..{c.base + c.n - 1} "
+                                     "does not match its checksum after copying; move abandoned")
+
+
+def seal_idle(topic: Topic, idle_ms: int, now_ms: int | None = None) -> list[str]:
+    """Seal active segments whose newest commit is older than ``idle_ms`` so that quiet
+    topics migrate too; returns the ids sealed. Under the partition's lock."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    st = topic.state()
+    sealed = []
+    for p in range(st.partitions):
+        active = topic.active_segment(p)
+        if active is None:
+            continue
+        seq, tier_no = active
+        seg = st.segments.get(segment_id(p, seq))
+        if seg is None or seg.tier != tier_no or now - seg.last_ts < idle_ms:
+            continue
+        with topic.store.partition_lock(topic.name, p, blocking=False) as held:
+            if not held or topic.active_segment(p) != active:
+                continue
+            tier = topic.store.tier(tier_no)
+            w = tier.open_segment(tier.segment_path(topic.name, p, seq))
+            try:
+                if not w.header().sealed:
+                    w.seal()
+                    sealed.append(seg.id)
+            finally:
+                w.close()
+            # Appends that come later start the next segment (they find this one sealed).
+    return sealed
+
+
+__all__ = ["MoveResult", "move_segment", "parse_segment_id", "seal_idle"]
