@@ -73,12 +73,16 @@ class ConfigKey:
         if self.maximum is not None:
             parts.append(f"<= {_fmt(self.maximum)}")
         text = what + (" " + " and ".join(parts) if parts else "")
+        if self.default is None:
+            text += ", or empty"
         if self.special:
             text += ", or " + " or ".join(_fmt(s) for s in self.special)
         return text
 
     def parse(self, value: Any) -> Any:
         """Convert ``value`` (a string from a file or a Python value) and check its range."""
+        if self.default is None and (value is None or str(value).strip() == ""):
+            return None  # an optional key left empty
         try:
             parsed = self._convert(value)
         except (TypeError, ValueError):
@@ -162,6 +166,20 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("storage.migrate.threshold", "float", 0.5,
                   "Fraction of tier 1 that should hold data in the balanced state; -1 disables "
                   "migration.", changeable=True, check=_threshold_check),
+        ConfigKey("storage.migrate.threshold.low", "float", None,
+                  "Lower edge of a hysteresis band: segments move up only while tier 1 is "
+                  "below it (empty: storage.migrate.threshold).", changeable=True,
+                  minimum=0.0, maximum=1.0),
+        ConfigKey("storage.migrate.threshold.high", "float", None,
+                  "Upper edge of a hysteresis band: segments move down only while tier 1 is "
+                  "above it (empty: storage.migrate.threshold).", changeable=True,
+                  minimum=0.0, maximum=1.0),
+        ConfigKey("storage.migrate.interval.ms", "int", 5000,
+                  "How often the migration service applies the policy, in milliseconds.",
+                  changeable=True, minimum=1),
+        ConfigKey("storage.migrate.bytes.per.second", "size", 0,
+                  "Bandwidth the migration service may take for copying; 0 = no cap.",
+                  changeable=True, minimum=0),
         ConfigKey("storage.migrate.threads", "int", 1,
                   "Segments moved in parallel by the migration service.", changeable=True,
                   minimum=1, maximum=64),
@@ -359,7 +377,7 @@ def render_value(value: Any) -> str:
     """Render a parsed value back to its ``.properties`` text."""
     if isinstance(value, tuple | list):
         return ",".join(str(v) for v in value)
-    return str(value)
+    return "" if value is None else str(value)
 
 
 def markdown_table() -> str:

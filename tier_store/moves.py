@@ -92,12 +92,9 @@ def _sources(st: TopicState, topic: Topic, ids: Sequence[str]) -> list[SegmentSt
 
 
 def _header_sealed(topic: Topic, seg: SegmentState) -> bool:
-    path = topic.store.tier(seg.tier).segment_path(topic.name, seg.partition, seg.seq)
-    try:
-        with open(path, "rb") as f:
-            return SegmentHeader.unpack(f.read(HEADER_SIZE), path).sealed
-    except FileNotFoundError:
-        return False
+    hdr = SegmentHeader.read(
+        topic.store.tier(seg.tier).segment_path(topic.name, seg.partition, seg.seq))
+    return hdr is not None and hdr.sealed
 
 
 def _rows(st: TopicState, segs: list[SegmentState]) -> np.ndarray:

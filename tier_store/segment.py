@@ -53,6 +53,15 @@ class SegmentHeader:
         return raw + b"\0" * (HEADER_SIZE - len(raw))
 
     @classmethod
+    def read(cls, path: str) -> SegmentHeader | None:
+        """The header of the segment file at ``path``; None if the file is gone."""
+        try:
+            with open(path, "rb") as f:
+                return cls.unpack(f.read(HEADER_SIZE), path)
+        except FileNotFoundError:
+            return None
+
+    @classmethod
     def unpack(cls, data: bytes | memoryview, path: str) -> SegmentHeader:
         if len(data) < _FMT.size:
             raise CorruptSegment(f"segment {path}: header is truncated ({len(data)} bytes)")

@@ -34,7 +34,7 @@ from .layout import log_dir, partitions_dir, segment_id, write_atomic
 from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .retention import segments_to_delete
-from .segment import HEADER_SIZE, align
+from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, TopicState
 from .tiers import SegmentWriter, Tier
 
@@ -526,10 +526,14 @@ class Topic:
             active = self.active_segment(p)
             for s in st.partition_segments(p):
                 tier = self.store.tier(s.tier)
+                path = tier.segment_path(self.name, p, s.seq)
+                sealed = (s.seq, s.tier) != active
+                if not sealed:  # the active one, unless sealed since (idle, or by a roll)
+                    hdr = SegmentHeader.read(path)
+                    sealed = hdr is not None and hdr.sealed
                 out.append(SegmentInfo(
                     s.id, self.name, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,
-                    tier.type, tier.segment_path(self.name, p, s.seq),
-                    active is None or (s.seq, s.tier) != active, s.first_ts, s.last_ts))
+                    tier.type, path, sealed, s.first_ts, s.last_ts))
         return out
 
     def add_partitions(self, n: int) -> int:
