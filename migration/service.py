@@ -75,14 +75,19 @@ def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
     segs: list[SegmentView] = []
     for name in store.topics():
         for s in store.topic(name).segments():
+            # A segment with chunks a writer may still commit waits: moving it would make
+            # that commit fail.
             segs.append(SegmentView(name, s.id, s.partition, int(s.id.split("-")[1]), s.tier,
-                                    s.bytes, s.last_timestamp, s.sealed))
+                                    s.bytes, s.last_timestamp, s.sealed and s.settled))
     tiers = []
     seg_bytes = store.config["log.segment.bytes"]
     for u in store.tier_usage():
-        if "pool_files" in u:  # pmem: capacity is the pool, usage its files in use
-            tiers.append(TierView(u["tier"], u["pool_files"] * seg_bytes,
-                                  (u["pool_files"] - u["pool_free"]) * seg_bytes, seg_bytes))
+        if "pool_files" in u:
+            # pmem: capacity is the pool; usage the pool files of live segments (a file whose
+            # segment moved away is leaving: it returns to the pool after the grace period).
+            live = sum(1 for s in segs if s.tier == u["tier"])
+            tiers.append(TierView(u["tier"], u["pool_files"] * seg_bytes, live * seg_bytes,
+                                  seg_bytes))
         else:
             tiers.append(TierView(u["tier"], u["capacity"], u["used"]))
     return segs, tiers
@@ -203,6 +208,11 @@ class MigrationService:
         self._thread = threading.Thread(target=self._loop, name="pafka-migration", daemon=True)
         self._thread.start()
         return self
+
+    @property
+    def running(self) -> bool:
+        """Whether the service's thread is running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:
         interval = self.store.config["storage.migrate.interval.ms"] / 1000.0

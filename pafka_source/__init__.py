@@ -18,4 +18,31 @@ def register(spark: Any) -> None:
     spark.dataSource.register(PafkaDataSource)
 
 
-__all__ = ["__version__", "register"]
+def start_migration(spark: Any, root: str, config: dict[str, Any] | None = None) -> Any:
+    """Run the migration service of the store at ``root`` as a thread of this driver
+    program; it stops when the SparkSession stops (or with ``.stop()``)."""
+    import threading
+
+    from migration import MigrationService
+    from tier_store import Store
+
+    service = MigrationService(Store.open(root, config)).start()
+
+    def watch() -> None:
+        # Poll the session: a data source has no hook for the driver's shutdown.
+        while service.running:
+            try:
+                jsc = spark.sparkContext._jsc
+                stopped = jsc is None or jsc.sc().isStopped()
+            except Exception:
+                stopped = True
+            if stopped:
+                service.stop()
+                return
+            threading.Event().wait(1.0)
+
+    threading.Thread(target=watch, name="pafka-migration-watch", daemon=True).start()
+    return service
+
+
+__all__ = ["__version__", "register", "start_migration"]

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 
 from tier_store import PafkaError, Store
 
@@ -49,11 +50,63 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_tiers(args: argparse.Namespace) -> int:
+    from migration import read_stats
     store = Store.open(args.root)
     for t in store.tier_usage():
         cap = _human(t["capacity"]) if t["capacity"] else "unbounded"
+        pool = f", pool {t['pool_files'] - t['pool_free']}/{t['pool_files']} files in use" \
+            if "pool_files" in t else ""
         print(f"tier {t['tier']} {t['type']:5s} {t['path']}: {_human(t['used'])} of {cap}, "
-              f"{t['segments']} segments")
+              f"{t['segments']} segments{pool}")
+    stats = read_stats(store.root)
+    if stats:
+        print(f"migration: {stats.get('runs', 0)} runs, "
+              f"{stats.get('segments_down', 0)} segments ({_human(stats.get('bytes_down', 0))}) "
+              f"down, {stats.get('segments_up', 0)} segments "
+              f"({_human(stats.get('bytes_up', 0))}) up")
+    return 0
+
+
+def _config_args(args: argparse.Namespace) -> dict[str, str]:
+    conf = {}
+    for item in args.set or []:
+        if "=" not in item:
+            raise PafkaError(f"--set takes key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        conf[k.strip()] = v.strip()
+    return conf
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from migration import MigrationService
+    store = Store.open(args.root, _config_args(args) or None)
+    if args.follow:
+        svc = MigrationService(store)
+        interval = store.config["storage.migrate.interval.ms"] / 1000
+        print(f"migrating {store.root} every {interval:g} s (Ctrl-C to stop)")
+        try:
+            while True:
+                for r in svc.run_once():
+                    print(f"moved {r.topic}/{r.segment} ({len(r.sources)} segments, "
+                          f"{_human(r.bytes)}) tier {'/'.join(map(str, r.from_tiers))} -> "
+                          f"{r.to_tier} in {r.seconds:.2f} s", flush=True)
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return 0
+    moves = MigrationService(store).plan()
+    if not moves:
+        print("nothing to move: every tier is within its threshold")
+        return 0
+    total = sum(m.bytes for m in moves)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="migrating") as bar:
+        svc = MigrationService(store, on_move=lambda r: bar.update(r.bytes))
+        done = svc.run_once()
+    s = svc.stats
+    print(f"moved {s.segments_down} segments ({_human(s.bytes_down)}) down and "
+          f"{s.segments_up} ({_human(s.bytes_up)}) up in {len(done)} moves; "
+          f"{s.failed_moves} skipped")
     return 0
 
 
@@ -110,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("tiers", help="show each tier's usage")
     u.add_argument("root")
     u.set_defaults(func=cmd_tiers)
+    m = sub.add_parser("migrate", help="apply the migration policy once, or keep applying it")
+    m.add_argument("root")
+    mode = m.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="one run (the default)")
+    mode.add_argument("--follow", action="store_true",
+                      help="run every storage.migrate.interval.ms until interrupted")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3")
+    m.set_defaults(func=cmd_migrate)
     c = sub.add_parser("describe", help="partitions, offsets, segments and groups of a topic")
     c.add_argument("root")
     c.add_argument("topic")

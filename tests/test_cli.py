@@ -43,3 +43,21 @@ def test_unknown_topic_is_a_clear_error_not_a_traceback(tmp_path):
     r = _pafka("describe", str(tmp_path), "b")
     assert r.returncode == 1
     assert "topic 'b' does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_migrate_once_moves_down_and_tiers_reports_it(tmp_path, shm_dir):
+    s = Store.open(tmp_path, {
+        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, "log.cleanup.grace.ms": 0})
+    t = s.create_topic("t", SCHEMA)
+    for i in range(120):
+        t.append(make_batch(i * 200, 200))
+    r = _pafka("migrate", str(tmp_path), "--set", "storage.migrate.threshold=0.25")
+    assert r.returncode == 0, r.stderr
+    assert "segments" in r.stdout and "down" in r.stdout
+    r = _pafka("tiers", str(tmp_path))
+    assert "migration: 1 runs" in r.stdout
+    assert len([x for x in Store.open(tmp_path).topic("t").segments() if x.tier == 2]) >= 4
+    r = _pafka("migrate", str(tmp_path), "--set", "log.segment.bytes=1m")
+    assert r.returncode == 1 and "conflicts with the store" in r.stderr

@@ -323,3 +323,26 @@ def test_two_streaming_queries_write_one_topic_in_one_session(spark, tmp_path):
     for q in qs:
         q.awaitTermination(180)
     assert _keys(spark, tmp_path, "both") == list(range(3000)) + list(range(10_000, 13_000))
+
+
+def test_start_migration_runs_the_service_beside_a_streaming_query(spark, tmp_path, shm_dir):
+    import pafka_source
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
+            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0,
+            "storage.migrate.interval.ms": 100}
+    s = Store.open(tmp_path, conf)
+    service = pafka_source.start_migration(spark, str(tmp_path))
+    try:
+        df = spark.range(60_000).selectExpr("id as key", "id as ts", "cast(id as string) as value")
+        for i in range(6):  # six micro-batch-sized writes fill tier 1 past the threshold
+            df.where(f"id % 6 = {i}").write.format("pafka").option("topic", "m") \
+                .mode("append").save(str(tmp_path))
+        deadline = time.time() + 60
+        while service.stats.segments_down == 0 and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        service.stop()
+    assert service.stats.segments_down > 0 and not service.running
+    assert {x.tier for x in s.topic("m").segments()} == {1, 2}
+    assert _keys(spark, tmp_path, "m") == list(range(60_000))

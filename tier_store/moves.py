@@ -42,6 +42,7 @@ from .reading import MAPS
 from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
 from .tiers import PmemTier, Tier
+from .topic import is_settled
 
 if TYPE_CHECKING:
     from .topic import Topic
@@ -116,6 +117,14 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
             raise PafkaError(f"segment {segs[0].id} of topic {topic.name!r} is already on "
                              f"tier {tier_number}")
         rows = _rows(st, segs)
+        grace_s = topic._setting("log.cleanup.grace.ms") / 1000.0
+        for s in segs:
+            path = store.tier(s.tier).segment_path(topic.name, s.partition, s.seq)
+            span = int(sum(align(int(n)) for n in rows["len"][rows["seq"] == s.seq]))
+            if not is_settled(path, SegmentHeader.read(path), span, grace_s, time.time()):
+                raise PafkaError(f"segment {s.id} of topic {topic.name!r} holds chunks written "
+                                 "but not committed yet: it moves once they are committed or "
+                                 "older than log.cleanup.grace.ms")
         version = st.version
         seq = segs[0].seq
         p = segs[0].partition

@@ -63,3 +63,6 @@ class SegmentInfo:
     sealed: bool
     first_timestamp: int
     last_timestamp: int
+    # False while the file holds chunks written but not committed yet (a writer may still
+    # commit them) that are younger than log.cleanup.grace.ms: such a segment waits to move.
+    settled: bool = True

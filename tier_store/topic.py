@@ -34,7 +34,7 @@ from .layout import log_dir, partitions_dir, segment_id, write_atomic
 from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .retention import segments_to_delete
-from .segment import HEADER_SIZE, SegmentHeader, align
+from .segment import CHUNK_ALIGN, HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, TopicState
 from .tiers import SegmentWriter, Tier
 
@@ -521,19 +521,26 @@ class Topic:
     def segments(self) -> list[SegmentInfo]:
         """The committed segments, by partition and base offset."""
         st = self.state()
+        grace_s = self._setting("log.cleanup.grace.ms") / 1000.0
+        now = time.time()
         out = []
         for p in range(st.partitions):
             active = self.active_segment(p)
+            rows = st.chunks[p].rows()
+            seqs, inverse = np.unique(rows["seq"], return_inverse=True)
+            spans = dict(zip(seqs.tolist(), np.bincount(
+                inverse, weights=(rows["len"] + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
+            ).astype(np.int64).tolist(), strict=True)) if len(rows) else {}
             for s in st.partition_segments(p):
                 tier = self.store.tier(s.tier)
                 path = tier.segment_path(self.name, p, s.seq)
-                sealed = (s.seq, s.tier) != active
-                if not sealed:  # the active one, unless sealed since (idle, or by a roll)
-                    hdr = SegmentHeader.read(path)
-                    sealed = hdr is not None and hdr.sealed
+                hdr = SegmentHeader.read(path)
+                # The active one is sealed once a roll or the idle check sealed its header.
+                sealed = (s.seq, s.tier) != active or (hdr is not None and hdr.sealed)
+                settled = is_settled(path, hdr, spans.get(s.seq, 0), grace_s, now)
                 out.append(SegmentInfo(
                     s.id, self.name, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,
-                    tier.type, path, sealed, s.first_ts, s.last_ts))
+                    tier.type, path, sealed, s.first_ts, s.last_ts, settled))
         return out
 
     def add_partitions(self, n: int) -> int:
@@ -574,6 +581,18 @@ class Topic:
         for _, w in self._writers.values():
             w.close()
         self._writers.clear()
+
+
+def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_s: float,
+               now: float) -> bool:
+    """Whether every chunk of a segment file is committed, or the rest is older than the grace
+    period (abandoned). ``committed_span`` is the aligned length of its committed chunks."""
+    if hdr is None or align(hdr.end) - HEADER_SIZE <= committed_span:
+        return True
+    try:
+        return now - os.stat(path).st_mtime > grace_s
+    except FileNotFoundError:
+        return True
 
 
 def _time_range(chunk: EncodedChunk, column: str) -> tuple[int | None, int | None]:
