@@ -28,7 +28,7 @@ GiB = 1024 * MiB
 _SIZE_RE = re.compile(r"^\s*(-?\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
 
-TIER_TYPES = ("PMEM", "NVME", "SSD", "HDD", "FILE")
+TIER_TYPES = ("PMEM", "NVME", "SSD", "HDD", "FILE", "REMOTE")
 CHANNEL_TYPES = ("file", "pmem", "tiered")
 COMPRESSION_TYPES = ("none", "lz4", "zstd")
 
@@ -151,7 +151,8 @@ KEYS: dict[str, ConfigKey] = {
                   "listed in storage.tiers.types (tiered).", choices=CHANNEL_TYPES),
         ConfigKey("storage.tiers.types", "list", ("PMEM", "HDD"),
                   "Tier types, fastest first, for log.channel.type=tiered. PMEM tiers are "
-                  "written through a memory mapping with libpmem; the others with write + fsync.",
+                  "written through a memory mapping with libpmem; REMOTE tiers (an fsspec URL) "
+                  "hold sealed segments only; the others are written with write + fsync.",
                   choices=TIER_TYPES),
         ConfigKey("storage.tiers.first.paths", "path", "",
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
@@ -346,7 +347,16 @@ class StoreConfig:
             default_size = GiB if n == 1 else 0
             size_key = canonical_key(f"storage.tiers.{n}.sizes")
             size = self._values.get(size_key, default_size)
-            specs.append(TierSpec(n, t, os.path.abspath(path), int(size)))
+            if t == "REMOTE":
+                if n == 1:
+                    raise ConfigError("storage.tiers.types: the first tier cannot be REMOTE "
+                                      "(appends need a local tier); e.g. PMEM,HDD,REMOTE")
+                if not self[f"storage.tiers.{n}.paths"]:
+                    raise ConfigError(f"storage.tiers.{n}.paths must name the REMOTE tier's "
+                                      "fsspec URL, e.g. s3://bucket/pafka")
+            elif "://" not in path:
+                path = os.path.abspath(path)
+            specs.append(TierSpec(n, t, path, int(size)))
         return specs
 
     def layout(self, root: str) -> dict[str, Any]:

@@ -16,7 +16,6 @@ an ``open``):
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -36,52 +35,34 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
     st = topic.state()
     reclaimed = 0
     for tier in store.tiers:
-        tdir = os.path.join(tier.path, topic.name)
-        if not os.path.isdir(tdir):
-            continue
-        for pname in os.listdir(tdir):
-            if not pname.isdigit():
+        candidates: dict[int, list[tuple[str, str]]] = {}
+        actives: dict[int, tuple[int, int] | None] = {}
+        for p, name, path, mtime in tier.partition_files(topic.name):
+            if p not in actives:
+                actives[p] = topic.active_segment(p) if p < st.partitions else None
+            if name.startswith(TMP_PREFIX):
+                # A copy of an interrupted move: nothing references it.
+                if now - mtime > grace_s:
+                    candidates.setdefault(p, []).append((name, path))
                 continue
-            p = int(pname)
-            pdir = os.path.join(tdir, pname)
-            candidates = []
-            active = topic.active_segment(p) if p < st.partitions else None
-            for fname in os.listdir(pdir):
-                path = os.path.join(pdir, fname)
-                if fname.startswith(TMP_PREFIX):
-                    # A copy of an interrupted move: nothing references it.
-                    try:
-                        if now - os.stat(path).st_mtime > grace_s:
-                            candidates.append(path)
-                    except FileNotFoundError:
-                        pass
-                    continue
-                if not fname.endswith(SEGMENT_SUFFIX) or not fname[:-4].isdigit():
-                    continue
-                seq = int(fname[: -len(SEGMENT_SUFFIX)])
-                sid = segment_id(p, seq)
-                seg = st.segments.get(sid)
-                if (seg is not None and seg.tier == tier.number) or active == (seq, tier.number):
-                    continue
-                tomb = st.tombstone(sid, tier.number)
-                if tomb is not None and tomb[0] == tier.number:
-                    age = now - tomb[1] / 1000.0
-                else:
-                    try:
-                        age = now - os.stat(path).st_mtime
-                    except FileNotFoundError:
-                        continue
-                if age > grace_s:
-                    candidates.append(path)
-            if not candidates:
+            if not name.endswith(SEGMENT_SUFFIX) or not name[: -len(SEGMENT_SUFFIX)].isdigit():
                 continue
+            seq = int(name[: -len(SEGMENT_SUFFIX)])
+            sid = segment_id(p, seq)
+            seg = st.segments.get(sid)
+            if (seg is not None and seg.tier == tier.number) or actives[p] == (seq, tier.number):
+                continue
+            tomb = st.tombstone(sid, tier.number)
+            age = now - (tomb[1] / 1000.0 if tomb is not None else mtime)
+            if age > grace_s:
+                candidates.setdefault(p, []).append((name, path))
+        for p, files in candidates.items():
             with store.partition_lock(topic.name, p, blocking=False) as held:
                 if not held:
                     continue
                 # The active pointer may have moved while we looked: re-check under the lock.
                 active = topic.active_segment(p)
-                for path in candidates:
-                    name = os.path.basename(path)
+                for name, path in files:
                     if name.endswith(SEGMENT_SUFFIX) and \
                             active == (int(name[: -len(SEGMENT_SUFFIX)]), tier.number):
                         continue

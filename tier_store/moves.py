@@ -38,7 +38,7 @@ from .crash import crash_point
 from .entries import ChunkRecord, MoveEntry
 from .errors import CommitConflict, CorruptSegment, PafkaError, StoreFull
 from .layout import TMP_PREFIX, fsync_dir, parse_segment_id, segment_id
-from .reading import MAPS
+from .reading import read_range
 from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
 from .tiers import PmemTier, Tier
@@ -93,8 +93,8 @@ def _sources(st: TopicState, topic: Topic, ids: Sequence[str]) -> list[SegmentSt
 
 
 def _header_sealed(topic: Topic, seg: SegmentState) -> bool:
-    hdr = SegmentHeader.read(
-        topic.store.tier(seg.tier).segment_path(topic.name, seg.partition, seg.seq))
+    tier = topic.store.tier(seg.tier)
+    hdr = tier.read_header(tier.segment_path(topic.name, seg.partition, seg.seq))
     return hdr is not None and hdr.sealed
 
 
@@ -119,9 +119,11 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         rows = _rows(st, segs)
         grace_s = topic._setting("log.cleanup.grace.ms") / 1000.0
         for s in segs:
-            path = store.tier(s.tier).segment_path(topic.name, s.partition, s.seq)
+            src = store.tier(s.tier)
+            path = src.segment_path(topic.name, s.partition, s.seq)
             span = int(sum(align(int(n)) for n in rows["len"][rows["seq"] == s.seq]))
-            if not is_settled(path, SegmentHeader.read(path), span, grace_s, time.time()):
+            if src.local and not is_settled(path, src.read_header(path), span, grace_s,
+                                            time.time()):
                 raise PafkaError(f"segment {s.id} of topic {topic.name!r} holds chunks written "
                                  "but not committed yet: it moves once they are committed or "
                                  "older than log.cleanup.grace.ms")
@@ -132,7 +134,7 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         need = HEADER_SIZE + sum(align(int(n)) for n in rows["len"])
         if final in (store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs):
             raise PafkaError("a merge onto the tier a source segment is on is not supported")
-        if os.path.exists(final):
+        if target.exists(final):
             # The segment was on this tier before: its old file waits for garbage collection.
             tomb = st.tombstone(segment_id(p, seq), tier_number)
             grace = topic._setting("log.cleanup.grace.ms")
@@ -142,24 +144,10 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                                      "segment is under way, or its old copy is in its grace "
                                      "period); try later")
             target.release_segment(final)
-        tmp, chunks = _copy(topic, target, segs, rows, st, need, throttle)
-        try:
-            crash_point("move.copied")
-            _verify(tmp, chunks)
-            crash_point("move.verified")
-            # link, not rename: claim the name only if no other copy holds it (another
-            # service moving the same segment, or a copy left by a crash, which garbage
-            # collection reclaims after the grace period).
-            os.link(tmp, final)
-        except FileExistsError:
-            _discard(target, tmp)
-            raise CommitConflict(f"topic {topic.name!r}: {final} already exists (another move "
-                                 "of the segment is under way or was interrupted)") from None
-        except BaseException:
-            _discard(target, tmp)
-            raise
-        os.unlink(tmp)
-        fsync_dir(os.path.dirname(final))
+        if target.local:
+            chunks = _place_local(topic, target, segs, rows, st, need, throttle, final)
+        else:
+            chunks = _upload(topic, target, segs, rows, throttle, final)
         entry = MoveEntry(0, p, tuple(s.seq for s in segs), seq, tier_number, tuple(chunks))
 
         def make(state: TopicState, entry: MoveEntry = entry, version: int = version,
@@ -192,6 +180,81 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         return result
     raise CommitConflict(f"topic {topic.name!r}: gave up moving {list(segment_ids)} after "
                          f"{attempts} lost races")
+
+
+def _place_local(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
+                 st: TopicState, need: int, throttle: Callable[[int], None] | None, final: str
+                 ) -> list[ChunkRecord]:
+    """Copy into a temporary file on a local tier, verify, and claim the final name."""
+    tmp, chunks = _copy(topic, target, segs, rows, st, need, throttle)
+    try:
+        crash_point("move.copied")
+        _verify(tmp, chunks)
+        crash_point("move.verified")
+        # link, not rename: claim the name only if no other copy holds it (another service
+        # moving the same segment, or a copy left by a crash, which garbage collection
+        # reclaims after the grace period).
+        os.link(tmp, final)
+    except FileExistsError:
+        _discard(target, tmp)
+        raise CommitConflict(f"topic {topic.name!r}: {final} already exists (another move of "
+                             "the segment is under way or was interrupted)") from None
+    except BaseException:
+        _discard(target, tmp)
+        raise
+    os.unlink(tmp)
+    fsync_dir(os.path.dirname(final))
+    return chunks
+
+
+def _upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
+            throttle: Callable[[int], None] | None, final: str) -> list[ChunkRecord]:
+    """Write the segment whole to a remote tier, then read it back to verify."""
+    store = topic.store
+    p, seq = segs[0].partition, segs[0].seq
+    tiers = {s.seq: s.tier for s in segs}
+    out = pa.BufferOutputStream()
+    out.write(b"\0" * HEADER_SIZE)
+    chunks: list[ChunkRecord] = []
+    pos = HEADER_SIZE
+    for r in rows:
+        length = int(r["len"])
+        src = store.tier(tiers[int(r["seq"])]).segment_path(topic.name, p, int(r["seq"]))
+        buf = read_range(src, int(r["pos"]), length)
+        if align(pos) > pos:
+            out.write(b"\0" * (align(pos) - pos))
+            pos = align(pos)
+        out.write(buf)
+        chunks.append(_record(r, p, seq, target.number, pos))
+        pos += length
+        if throttle is not None:
+            throttle(length)
+    data = out.getvalue()
+    header = SegmentHeader(p, seq, pos, True, int(time.time() * 1000)).pack()
+    data = pa.py_buffer(header + data.slice(HEADER_SIZE).to_pybytes())
+    crash_point("move.copied")
+    if target.exists(final):
+        raise CommitConflict(f"topic {topic.name!r}: {final} already exists (another move of "
+                             "the segment is under way or was interrupted)")
+    # Object stores have no exclusive rename: the name was free a moment ago, and a write
+    # becomes visible only once complete.
+    target.write_whole(final, data)
+    try:
+        for c in chunks:
+            if checksum(read_range(final, c.pos, c.len)) != c.crc:
+                raise CorruptSegment(f"{final}: chunk with offsets {c.base}..{c.base + c.n - 1} "
+                                     "does not match its checksum after upload; move abandoned")
+        crash_point("move.verified")
+    except BaseException:
+        target.release_segment(final)
+        raise
+    return chunks
+
+
+def _record(r: np.void, p: int, seq: int, tier: int, pos: int) -> ChunkRecord:
+    return ChunkRecord(p, seq, tier, pos, int(r["len"]), int(r["base"]), int(r["n"]),
+                       int(r["crc"]), None if r["tmin"] == NO_TIME else int(r["tmin"]),
+                       None if r["tmax"] == NO_TIME else int(r["tmax"]))
 
 
 def _discard(tier: Tier, path: str) -> None:
@@ -237,7 +300,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
         for r in rows:
             seq, length = int(r["seq"]), int(r["len"])
             src = store.tier(tiers[seq]).segment_path(topic.name, p, seq)
-            buf = MAPS.slice(src, int(r["pos"]), length)
+            buf = read_range(src, int(r["pos"]), length)
             pos = align(pos)
             if mapping is not None:
                 out[pos:pos + length] = memoryview(buf)
@@ -247,10 +310,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
                 os.pwrite(fd, view[:half], pos)
                 crash_point("move.copy")
                 os.pwrite(fd, view[half:], pos + half)
-            chunks.append(ChunkRecord(p, segs[0].seq, target.number, pos, length,
-                                      int(r["base"]), int(r["n"]), int(r["crc"]),
-                                      None if r["tmin"] == NO_TIME else int(r["tmin"]),
-                                      None if r["tmax"] == NO_TIME else int(r["tmax"])))
+            chunks.append(_record(r, p, segs[0].seq, target.number, pos))
             pos += length
             if throttle is not None:
                 throttle(length)

@@ -3,9 +3,10 @@
 :meth:`Topic.plan_read` turns ``[start, end)`` of a partition into a :class:`ReadPlan`: the
 chunks' files, byte ranges, offsets and commit times. A plan is small and picklable, so a
 Spark driver can plan and an executor can execute without loading the commit log at all.
-:func:`execute` memory-maps the files and yields Arrow record batches sliced exactly at the
-range. If a file is gone (the segment moved since planning), it opens the store, plans again
-once, and goes on; a file still missing then is :class:`DataLoss`.
+:func:`execute` memory-maps the files (ranged reads on a remote tier) and yields Arrow
+record batches sliced exactly at the range. If a file is gone (the segment moved since
+planning), it opens the store, plans again once, and goes on; a file still missing then is
+:class:`DataLoss`.
 """
 
 from __future__ import annotations
@@ -103,13 +104,22 @@ class MappedFiles:
 MAPS = MappedFiles()
 
 
+def read_range(path: str, pos: int, length: int) -> pa.Buffer:
+    """A chunk's bytes: a slice of a memory map on a local tier, a ranged read on a remote
+    one (an fsspec URL). Raises FileNotFoundError when the file is gone."""
+    if "://" in path:
+        from .tiers.remote import read_range as remote_range
+        return remote_range(path, pos, length)
+    return MAPS.slice(path, pos, length)
+
+
 def execute(plan: ReadPlan, verify: bool = False, replan: bool = True
             ) -> Iterator[PlannedBatch]:
     """Yield the plan's records as Arrow batches, zero-copy from memory-mapped chunks."""
     at_offset = plan.start
     for i, c in enumerate(plan.chunks):
         try:
-            buf = MAPS.slice(c.path, c.pos, c.length)
+            buf = read_range(c.path, c.pos, c.length)
         except FileNotFoundError:
             if not replan:
                 raise DataLoss(

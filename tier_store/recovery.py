@@ -14,16 +14,13 @@ in ordered passes and reports every problem instead of stopping at the first:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from .chunk import checksum
 from .errors import CorruptSegment
-from .segment import HEADER_SIZE, SegmentHeader
+from .reading import read_range
 
 if TYPE_CHECKING:
     from .topic import Topic
@@ -73,9 +70,10 @@ def check_topic(topic: Topic, verify: bool = True,
         tier = topic.store.tier(seg.tier)
         path = tier.segment_path(topic.name, seg.partition, seg.seq)
         try:
-            size = os.path.getsize(path)
-            with open(path, "rb") as f:
-                hdr = SegmentHeader.unpack(f.read(HEADER_SIZE), path)
+            size = tier.file_size(path)
+            hdr = tier.read_header(path)
+            if hdr is None:
+                raise FileNotFoundError(path)
         except FileNotFoundError:
             report.problems.append(f"segment {seg.id} (offsets {seg.base}..{seg.end - 1}): "
                                    f"file {path} is missing")
@@ -95,10 +93,9 @@ def check_topic(topic: Topic, verify: bool = True,
         report.chunks += len(mine)
         if not verify or not len(mine):
             continue
-        buf = pa.memory_map(path, "r").read_buffer()
         for r in mine:
             pos, length = int(r["pos"]), int(r["len"])
-            if checksum(buf.slice(pos, length)) != int(r["crc"]):
+            if checksum(read_range(path, pos, length)) != int(r["crc"]):
                 base = int(r["base"])
                 report.problems.append(
                     f"{path}: chunk at byte {pos} (partition {seg.partition}, offsets "

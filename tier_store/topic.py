@@ -413,8 +413,9 @@ class Topic:
                     f"topic {self.name!r}: segment {sid} was moved or deleted after its chunk "
                     "was written; write the batch again")
             if seg is None:
-                path = self.store.tier(r.tier).segment_path(self.name, r.partition, r.seq)
-                if not os.path.exists(path):
+                tier = self.store.tier(r.tier)
+                path = tier.segment_path(self.name, r.partition, r.seq)
+                if not tier.exists(path):
                     raise CommitConflict(
                         f"topic {self.name!r}: segment {sid} is gone from tier {r.tier} "
                         f"({path}); write the batch again")
@@ -534,9 +535,10 @@ class Topic:
             for s in st.partition_segments(p):
                 tier = self.store.tier(s.tier)
                 path = tier.segment_path(self.name, p, s.seq)
-                hdr = SegmentHeader.read(path)
+                is_active = (s.seq, s.tier) == active
+                hdr = tier.read_header(path) if is_active or tier.local else None
                 # The active one is sealed once a roll or the idle check sealed its header.
-                sealed = (s.seq, s.tier) != active or (hdr is not None and hdr.sealed)
+                sealed = not is_active or (hdr is not None and hdr.sealed)
                 settled = is_settled(path, hdr, spans.get(s.seq, 0), grace_s, now)
                 out.append(SegmentInfo(
                     s.id, self.name, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,

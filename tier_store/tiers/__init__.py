@@ -6,12 +6,15 @@ from ..config import StoreConfig, TierSpec
 from .base import SegmentWriter, Tier
 from .file import FileTier
 from .pmem import PmemTier
+from .remote import RemoteTier
 
-__all__ = ["FileTier", "PmemTier", "SegmentWriter", "Tier", "make_tier"]
+__all__ = ["FileTier", "PmemTier", "RemoteTier", "SegmentWriter", "Tier", "make_tier"]
 
 
 def make_tier(spec: TierSpec, config: StoreConfig) -> Tier:
-    """Build the tier object for a configured tier (PMEM → pmem tier, others → file tier)."""
+    """Build the tier object: PMEM → pmem tier, REMOTE → fsspec tier, others → file tier."""
     if spec.is_pmem:
         return PmemTier(spec, config["log.segment.bytes"], config["log.pmem.pool.ratio"])
+    if spec.type == "REMOTE":
+        return RemoteTier(spec, config["log.segment.bytes"])
     return FileTier(spec, config["log.segment.bytes"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 from ..chunk import EncodedChunk
 from ..config import TierSpec
@@ -89,6 +90,35 @@ class Tier(ABC):
     def free_pool_files(self) -> int | None:
         """Free pre-allocated segment files, for tiers with a pool; None otherwise."""
         return None
+
+    # Files of the tier, for garbage collection, checks and moves. Local tiers use the OS;
+    # a remote tier overrides these.
+    local = True
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def read_header(self, path: str) -> SegmentHeader | None:
+        return SegmentHeader.read(path)
+
+    def file_size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def partition_files(self, topic: str) -> Iterator[tuple[int, str, str, float]]:
+        """(partition, name, path, mtime) of every file under the topic's directory."""
+        tdir = os.path.join(self.path, topic)
+        if not os.path.isdir(tdir):
+            return
+        for pname in os.listdir(tdir):
+            if not pname.isdigit():
+                continue
+            pdir = os.path.join(tdir, pname)
+            for name in os.listdir(pdir):
+                path = os.path.join(pdir, name)
+                try:
+                    yield int(pname), name, path, os.stat(path).st_mtime
+                except FileNotFoundError:
+                    continue
 
 
 def new_header(partition: int, seq: int) -> SegmentHeader:

@@ -1,0 +1,88 @@
+"""The remote tier through fsspec: a file:// URL and fsspec's in-memory filesystem."""
+
+import uuid
+
+import pytest
+
+from migration import MigrationService
+from tier_store import ConfigError, PafkaError, Store
+from tier_store.recovery import check_topic
+
+from .conftest import SCHEMA, make_batch, read_all
+
+
+@pytest.fixture(params=["file", "memory"])
+def remote_url(request, tmp_path):
+    if request.param == "file":
+        return f"file://{tmp_path}/remote"
+    return f"memory://pafka-{uuid.uuid4().hex[:8]}"
+
+
+def _store(tmp_path, url, **extra):
+    return Store.open(tmp_path / "store", {
+        "log.channel.type": "tiered", "storage.tiers.types": "NVME,REMOTE",
+        "storage.tiers.first.sizes": "1m", "storage.tiers.second.paths": url,
+        "log.segment.bytes": "64k", "log.cleanup.grace.ms": 0, **extra})
+
+
+def _fill(s, n=60):
+    t = s.create_topic("t", SCHEMA)
+    for i in range(n):
+        t.append(make_batch(i * 200, 200))
+    return t
+
+
+def test_segments_move_to_the_remote_tier_and_read_back_by_ranged_reads(tmp_path, remote_url):
+    s = _store(tmp_path, remote_url)
+    t = _fill(s)
+    sealed = [x for x in t.segments() if x.sealed]
+    s.move_segment(sealed[0].id, 2, merge_with=[x.id for x in sealed[1:3]], topic="t")
+    for x in sealed[3:5]:
+        s.move_segment(x.id, 2, topic="t")
+    remote = [x for x in t.segments() if x.tier == 2]
+    assert len(remote) == 3 and all(x.path.startswith(remote_url.split("://")[0]) for x in remote)
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == list(range(12_000))
+    assert read_all(fresh, 0, 1234, 1300) == list(range(1234, 1300))
+    assert check_topic(fresh).ok
+    # The old local files go after the grace period; the remote copies stay.
+    assert s.collect_garbage(t) == 5
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(12_000))
+
+
+def test_a_segment_comes_back_up_from_the_remote_tier(tmp_path, remote_url):
+    s = _store(tmp_path, remote_url)
+    t = _fill(s)
+    x = t.segments()[1]
+    s.move_segment(x.id, 2, topic="t")
+    s.move_segment(x.id, 1, topic="t")
+    assert next(y for y in t.segments() if y.id == x.id).tier == 1
+    assert s.collect_garbage(t) >= 1  # the remote copy, once its grace period is over
+    assert read_all(t, 0) == list(range(12_000))
+
+
+def test_the_service_demotes_to_a_remote_second_tier(tmp_path, remote_url):
+    s = _store(tmp_path, remote_url, **{"storage.migrate.threshold": 0.3})
+    t = _fill(s, n=150)
+    done = MigrationService(s).run_once()
+    assert done and {r.to_tier for r in done} == {2}
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(30_000))
+
+
+def test_nothing_is_appended_to_a_remote_tier(tmp_path, remote_url):
+    s = _store(tmp_path, remote_url, **{"storage.tiers.first.sizes": "128k"})
+    t = s.create_topic("t", SCHEMA)
+    from tier_store import StoreFull
+    with pytest.raises(StoreFull):
+        for i in range(100):
+            t.append(make_batch(i * 200, 200))
+
+
+def test_a_remote_first_tier_or_an_unknown_protocol_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="first tier cannot be REMOTE"):
+        Store.open(tmp_path, {"log.channel.type": "tiered", "storage.tiers.types": "REMOTE,HDD",
+                              "storage.tiers.first.paths": "memory://x"})
+    with pytest.raises(PafkaError, match="cannot open remote tier.*install"):
+        Store.open(tmp_path / "b", {"log.channel.type": "tiered",
+                                    "storage.tiers.types": "NVME,REMOTE",
+                                    "storage.tiers.second.paths": "nosuchproto://bucket/x"})

@@ -1,0 +1,114 @@
+"""The remote tier: sealed segments on any fsspec filesystem (S3, GCS, HDFS, file://, ...).
+
+Appends never go there: a segment arrives whole, written by a move, and is read by ranged
+reads. Object stores have no exclusive rename, so a move checks that the name is free and
+then writes the object in one piece (a write is visible only once complete).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import PafkaError
+from ..layout import segment_relpath
+from ..segment import HEADER_SIZE, SegmentHeader
+from .base import SegmentWriter, Tier
+
+_filesystems: dict[str, Any] = {}
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """(fsspec filesystem, path without protocol) for ``url``; unknown protocols name the
+    package to install."""
+    import fsspec
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise PafkaError(f"cannot open remote tier {url!r}: {e} (install the fsspec "
+                         "implementation for its protocol, e.g. s3fs or gcsfs)") from None
+    return fs, path
+
+
+def read_range(url: str, pos: int, length: int) -> pa.Buffer:
+    """Bytes ``[pos, pos + length)`` of a remote file, by a ranged read."""
+    proto = url.split("://", 1)[0]
+    fs = _filesystems.get(proto)
+    if fs is None:
+        fs = _filesystems[proto] = filesystem(url)[0]
+    try:
+        data = fs.cat_file(url, start=pos, end=pos + length)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if "not found" in str(e).lower() or "no such" in str(e).lower():
+            raise FileNotFoundError(url) from None
+        raise
+    return pa.py_buffer(data)
+
+
+class RemoteTier(Tier):
+    """A tier on an fsspec URL holding sealed segments only."""
+
+    local = False
+
+    def __init__(self, spec: Any, segment_bytes: int):
+        super().__init__(spec, segment_bytes)
+        self.fs, self.base = filesystem(spec.path)
+
+    def segment_path(self, topic: str, partition: int, seq: int) -> str:
+        rel = segment_relpath(topic, partition, seq).replace("\\", "/")
+        return self.fs.unstrip_protocol(posixpath.join(self.base, rel))
+
+    def prepare(self) -> None:
+        self.fs.makedirs(self.base, exist_ok=True)
+
+    def has_room(self, used: int, need: int) -> bool:
+        return False  # appends need a local tier
+
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
+                       ) -> SegmentWriter | None:
+        return None
+
+    def open_segment(self, path: str) -> SegmentWriter:
+        raise PafkaError(f"{path}: segments on a remote tier are sealed; nothing appends there")
+
+    def release_segment(self, path: str) -> None:
+        try:
+            self.fs.rm(path)
+        except FileNotFoundError:
+            pass
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    def write_whole(self, path: str, data: pa.Buffer) -> None:
+        self.fs.makedirs(posixpath.dirname(self.fs._strip_protocol(path)), exist_ok=True)
+        with self.fs.open(path, "wb") as f:
+            f.write(memoryview(data))
+
+    def read_header(self, path: str) -> SegmentHeader | None:
+        try:
+            return SegmentHeader.unpack(read_range(path, 0, HEADER_SIZE).to_pybytes(), path)
+        except FileNotFoundError:
+            return None
+
+    def file_size(self, path: str) -> int:
+        return int(self.fs.size(path))
+
+    def partition_files(self, topic: str) -> Iterator[tuple[int, str, str, float]]:
+        tdir = posixpath.join(self.base, topic)
+        if not self.fs.exists(tdir):
+            return
+        for pdir in self.fs.ls(tdir, detail=False):
+            pname = posixpath.basename(pdir.rstrip("/"))
+            if not pname.isdigit():
+                continue
+            for info in self.fs.ls(pdir, detail=True):
+                name = posixpath.basename(info["name"].rstrip("/"))
+                mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+                ts = mtime.timestamp() if hasattr(mtime, "timestamp") else float(mtime or 0)
+                yield int(pname), name, self.fs.unstrip_protocol(info["name"]), ts
