@@ -63,7 +63,7 @@ def test_a_segment_comes_back_up_from_the_remote_tier(tmp_path, remote_url):
 
 def test_the_service_demotes_to_a_remote_second_tier(tmp_path, remote_url):
     s = _store(tmp_path, remote_url, **{"storage.migrate.threshold": 0.3})
-    t = _fill(s, n=150)
+    _fill(s, n=150)
     done = MigrationService(s).run_once()
     assert done and {r.to_tier for r in done} == {2}
     assert read_all(Store.open(s.root).topic("t"), 0) == list(range(30_000))

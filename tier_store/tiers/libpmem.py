@@ -24,6 +24,8 @@ int pmem_msync(const void *addr, size_t len);
 const char *pmem_errormsg(void);
 const char *pmem_check_version(unsigned major_required, unsigned minor_required);
 """
+_LIBC_CDEF = "int madvise(void *addr, size_t length, int advice);"
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault in the whole range, writable, in one call
 
 _lock = threading.Lock()
 _lib: tuple[Any, Any] | None = None
@@ -47,8 +49,18 @@ def load() -> tuple[Any, Any]:
                     "the pmem tier needs libpmem: install the Debian/Ubuntu package libpmem1 "
                     f"(apt-get install libpmem1), or use log.channel.type=file ({e})"
                 ) from None
+            try:
+                ffi.cdef(_LIBC_CDEF)
+                libc = ffi.dlopen(None)
+            except (OSError, AttributeError):
+                libc = None
             _lib = (ffi, lib)
+            global _libc
+            _libc = libc
         return _lib
+
+
+_libc: Any = None
 
 
 @dataclass
@@ -71,6 +83,11 @@ class PmemMapping:
         if addr == ffi.NULL:
             msg = ffi.string(lib.pmem_errormsg()).decode(errors="replace")
             raise OSError(f"pmem_map_file({path}) failed: {msg}")
+        if _libc is not None:
+            # Page-table faults on first touch would make the first appends to a segment
+            # several times slower; take them all now, in bulk (best effort: older kernels
+            # refuse the advice and pages fault in on use).
+            _libc.madvise(addr, int(mapped[0]), _MADV_POPULATE_WRITE)
         return cls(path, addr, int(mapped[0]), bool(is_pmem[0]), ffi, lib)
 
     def buffer(self, pos: int, size: int) -> Any:
