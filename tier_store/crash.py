@@ -26,6 +26,15 @@ POINTS = (
 )
 
 
+MOVE_POINTS = (
+    "move.copy",  # half of a chunk copied to the target tier
+    "move.copied",  # copy complete, not yet verified
+    "move.verified",  # verified, final name not yet claimed
+    "move.committed",  # move entry published, old files not yet reclaimed
+    "gc.release",  # garbage collection between two reclaimed files
+)
+
+
 def crash_point(name: str) -> None:
     """Kill this process with SIGKILL if ``name`` is the armed crash point."""
     global _after

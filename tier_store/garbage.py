@@ -19,6 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from .crash import crash_point
 from .layout import SEGMENT_SUFFIX, TMP_PREFIX, segment_id
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                             active == (int(name[: -len(SEGMENT_SUFFIX)]), tier.number):
                         continue
                     tier.release_segment(path)
+                    crash_point("gc.release")
                     reclaimed += 1
                     log.info("reclaimed unreferenced segment file %s", path)
     return reclaimed
