@@ -48,20 +48,40 @@ CHUNK_DTYPE = np.dtype([
 
 
 class ChunkIndex:
-    """One partition's committed chunks in offset order, as a growable numpy table."""
+    """One partition's committed chunks in offset order, as a growable numpy table.
 
-    def __init__(self, rows: np.ndarray | None = None):
+    An index read from a checkpoint stays in the checkpoint's memory-mapped Arrow table until
+    first used, so that opening a topic costs the same whatever its history: who only asks
+    for offsets never pays for the chunks.
+    """
+
+    def __init__(self, rows: np.ndarray | None = None,
+                 lazy: tuple[pa.Table, int, int] | None = None):
+        self._lazy = lazy
         self._a = rows.copy() if rows is not None else np.empty(16, CHUNK_DTYPE)
         self._lo = 0
         self._hi = len(rows) if rows is not None else 0
 
+    def _load(self) -> None:
+        table, start, n = self._lazy  # type: ignore[misc]
+        self._lazy = None
+        rows = np.empty(max(16, n), CHUNK_DTYPE)
+        part = table.slice(start, n)
+        for name in CHUNK_DTYPE.names:
+            rows[name][:n] = part.column(name).to_numpy()
+        self._a, self._lo, self._hi = rows, 0, n
+
     def __len__(self) -> int:
-        return self._hi - self._lo
+        return self._lazy[2] if self._lazy is not None else self._hi - self._lo
 
     def rows(self) -> np.ndarray:
+        if self._lazy is not None:
+            self._load()
         return self._a[self._lo:self._hi]
 
     def append(self, c: ChunkRecord, ts: int) -> None:
+        if self._lazy is not None:
+            self._load()
         if self._hi == len(self._a):
             live = self.rows()
             grown = np.empty(max(16, 2 * len(live)), CHUNK_DTYPE)
@@ -278,13 +298,10 @@ class TopicState:
                 st.segments[seg.id] = seg
             st.writers, st.positions = meta["writers"], meta["positions"]
             st.tombstones = meta["tombstones"]
-            rows = np.empty(table.num_rows, CHUNK_DTYPE)
-            for name in CHUNK_DTYPE.names:
-                rows[name] = table.column(name).to_numpy()
             st.chunks = []
             at = 0
             for n in meta["chunk_counts"]:
-                st.chunks.append(ChunkIndex(rows[at:at + n]))
+                st.chunks.append(ChunkIndex(lazy=(table, at, n)))
                 at += n
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSegment(f"checkpoint {where} is malformed: {e!r}") from None
