@@ -33,11 +33,13 @@ class SegmentWriter(ABC):
 
     @abstractmethod
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
-        """Write ``chunk`` at ``pos`` and make it durable; return its checksum."""
+        """Write ``chunk`` at ``pos``; return its checksum. It is durable once
+        :meth:`set_end` has returned."""
 
     @abstractmethod
     def set_end(self, end: int) -> None:
-        """Advance the header's ``end`` and make it durable."""
+        """Advance the header's ``end``; the chunk written before and ``end`` are durable on
+        return."""
 
     @abstractmethod
     def seal(self) -> None:

@@ -38,11 +38,13 @@ class FileSegmentWriter(SegmentWriter):
         _pwrite_all(self._fd, view[:half], pos)
         crash_point("chunk.copy")
         _pwrite_all(self._fd, view[half:], pos + half)
-        os.fdatasync(self._fd)
         crash_point("chunk.flushed")
         return checksum(view)
 
     def set_end(self, end: int) -> None:
+        # One fdatasync makes the chunk and the new end durable together. Either may reach
+        # the disk first without harm: `end` only tells the next writer where to append, and
+        # nothing references the chunk until write_chunks has returned, after this flush.
         os.pwrite(self._fd, WORD.pack(end), END_OFFSET)
         crash_point("chunk.header")
         os.fdatasync(self._fd)
