@@ -246,7 +246,9 @@ def write_report(args, n, mb, res, producer, prod_n, logs) -> None:
               "(the store's durability: it fsyncs every append), read with `pa.memory_map` + "
               "`ipc.open_file`. On /dev/shm fsync costs nothing; the pmem tier there flushes "
               "with `pmem_msync` (libpmem reports no real PMem on this machine).",
-              "Absolute figures on this VM move by 2–3× between runs (plain IPC on disk measured 286–752 MB/s across runs of this script on the same day); the ratios compare runs made back to back, after an `os.sync()`, in the same process."]
+              "Absolute figures on this VM move by 2–3× between runs (plain IPC on disk "
+              "measured 286–752 MB/s across runs of this script on the same day); the ratios "
+              "compare runs made back to back, after an `os.sync()`, in the same process."]
     if "pmem" in res:
         lines.append(f"Pre-allocating and pre-faulting the pmem pool for this run took "
                      f"{res['pmem']['setup']:.2f} s (once per store, not per append).")
