@@ -37,7 +37,7 @@ from .chunk import checksum
 from .crash import crash_point
 from .entries import ChunkRecord, MoveEntry
 from .errors import CommitConflict, CorruptSegment, PafkaError, StoreFull
-from .layout import TMP_PREFIX, fsync_dir, parse_segment_id, segment_id
+from .layout import TMP_PREFIX, fsync_dir, segment_id
 from .reading import read_range
 from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
@@ -371,4 +371,4 @@ def seal_idle(topic: Topic, idle_ms: int, now_ms: int | None = None) -> list[str
     return sealed
 
 
-__all__ = ["MoveResult", "move_segment", "parse_segment_id", "seal_idle"]
+__all__ = ["MoveResult", "move_segment", "seal_idle"]
