@@ -204,8 +204,8 @@ KEYS: dict[str, ConfigKey] = {
                   minimum=2, maximum=1_000_000),
         ConfigKey("log.cleanup.grace.ms", "int", 600_000,
                   "Age before unreferenced files, old log entries and freed segments are "
-                  "reclaimed, in milliseconds; longer than any batch.", changeable=True,
-                  minimum=0),
+                  "reclaimed, in milliseconds; must be longer than any batch and any move.",
+                  changeable=True, minimum=0),
         ConfigKey("num.partitions", "int", 1, "Partitions of a topic created without a count.",
                   changeable=True, minimum=1, maximum=100_000),
         ConfigKey("compression.type", "enum", "none",
