@@ -39,6 +39,7 @@ from .layout import (
     fsync_dir,
     parse_log_name,
     write_atomic,
+    write_temp,
 )
 from .state import TopicState
 
@@ -55,14 +56,7 @@ class CommitLog:
     # -- publication ----------------------------------------------------------------------
     def publish(self, version: int, entry: Entry) -> bool:
         """Publish ``entry`` as ``version``; False if that number is already taken."""
-        data = entry.encode()
-        tmp = os.path.join(self.path, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        tmp = write_temp(self.path, entry.encode())
         crash_point("log.publish.tmp")
         try:
             os.link(tmp, os.path.join(self.path, entry_name(version)))

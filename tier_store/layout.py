@@ -107,15 +107,22 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
-    d = os.path.dirname(path)
-    tmp = os.path.join(d, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+def write_temp(directory: str, data: bytes) -> str:
+    """Write ``data`` to a new temporary file in ``directory``, fsynced; return its path."""
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    return tmp
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+    d = os.path.dirname(path)
+    os.replace(write_temp(d, data), path)
     fsync_dir(d)
