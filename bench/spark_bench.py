@@ -191,13 +191,57 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+CPU: dict[str, list[dict[str, float]]] = {}
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu() -> dict[str, float]:
+    """CPU seconds (user, sys, children included) and minor page faults of this process's
+    descendants, split into the JVM and Spark's Python workers (Linux /proc)."""
+    procs: dict[int, tuple[int, list[int], str]] = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        procs[int(d)] = (int(fields[1]), [int(x) for x in fields[7:15]], cmd)
+    tree, grew = {os.getpid()}, True
+    while grew:
+        grew = False
+        for pid, (ppid, _, _) in procs.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    out = {f"{k}_{m}": 0.0 for k in ("jvm", "py") for m in ("user", "sys", "faults")}
+    for pid in tree - {os.getpid()}:
+        _, v, cmd = procs[pid]
+        k = "jvm" if "java" in cmd else "py" if "pyspark" in cmd else None
+        if k is None:
+            continue
+        # minflt cminflt majflt cmajflt utime stime cutime cstime
+        out[f"{k}_faults"] += v[0] + v[1]
+        out[f"{k}_user"] += (v[4] + v[6]) / _HZ
+        out[f"{k}_sys"] += (v[5] + v[7]) / _HZ
+    return out
+
+
 def rounds(fns: dict[str, Callable[[int], float]], repeat: int) -> dict[str, list[float]]:
     """Round 0 (warm-up) and ``repeat`` timed rounds, each running every function once."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(repeat + 1):
         for k, fn in fns.items():
             LOADS.append(os.getloadavg()[0])
+            before = tree_cpu()
             out[k].append(fn(i))
+            after = tree_cpu()
+            if i:
+                CPU.setdefault(k, []).append({m: after[m] - before[m] for m in after})
             print(f"    {k} {'warm-up' if i == 0 else f'run {i}'}: {out[k][-1]:.2f} s",
                   flush=True)
     return out
@@ -407,22 +451,9 @@ def bench_latency(spark: SparkSession, data: str, seconds: float, interval: floa
 
 # -- report ----------------------------------------------------------------------------------------
 def update_section(path: str, body: str) -> None:
-    """Replace (or append) this script's section of RESULTS.md, re-reading the file first."""
-    start, end = f"<!-- {MARK}:start -->", f"<!-- {MARK}:end -->"
-    text = "# Benchmark results\n\nEach section is written by the script it names.\n"
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    block = f"{start}\n{body}\n{end}"
-    if start in text and end in text and text.index(start) < text.index(end):
-        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    print(f"wrote {path}")
+    """Replace (or append) this script's section of RESULTS.md."""
+    from store_bench import update_section as update
+    update(path, MARK, body)
 
 
 def machine() -> str:
@@ -440,6 +471,17 @@ def machine() -> str:
     return (f"{cpu}, {os.cpu_count()} cores, {mem}, {platform.system()} {platform.release()}; "
             f"Python {platform.python_version()}, PySpark {pyspark.__version__}, pyarrow "
             f"{pa.__version__}")
+
+
+def cpu_rows(rows: int) -> list[str]:
+    scale = 10_000_000 / rows
+    out = []
+    for k, runs in CPU.items():
+        def m(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r[key] for r in runs) * scale
+        out.append(f"| {k} | {m('jvm_user'):.1f} + {m('jvm_sys'):.1f} s | {m('py_user'):.1f} + "
+                   f"{m('py_sys'):.1f} s | {m('py_faults'):,.0f} |")
+    return out
 
 
 def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dict,
@@ -530,6 +572,13 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         f"| pafka sink vs the sink ceiling | {r['pafka/null']:.2f}× | — |",
         f"| source ceiling vs `spark.read.parquet` | 1 / {r['ceil_pq']:.2f} = "
         f"{1 / r['ceil_pq']:.2f}× | — |", "",
+        "Where the CPU went (medians over the timed runs, per 10M-row action, from /proc of "
+        "the JVM and of Spark's Python workers; a Python worker that exits between samples is "
+        "missed, so small figures are approximate):", "",
+        "| path | JVM user + sys | Python workers user + sys | Python workers' minor page "
+        "faults |", "|---|---|---|---|",
+        *cpu_rows(rows),
+        "",
         "The source ceiling is a Python data source defined in the script: `read()` builds one "
         "64k-row Arrow batch of the topic's exact schema and yields it again and again (the "
         "last one sliced) until its partition's rows are out — no storage, no copy; it gets as "

@@ -278,19 +278,22 @@ def write_report(args, n, mb, res, producer, prod_n, logs) -> None:
 
 
 def update_section(path: str, name: str, body: str) -> None:
-    """Replace (or append) the section between this script's markers in RESULTS.md."""
+    """Replace (or append) the section between ``name``'s markers in RESULTS.md, re-reading
+    the file first and replacing it atomically (other scripts own other sections)."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     text = "# Benchmark results\n\nEach section is written by the script it names.\n"
     if os.path.exists(path):
         with open(path) as f:
             text = f.read()
     block = f"{start}\n{body}\n{end}"
-    if start in text and end in text:
+    if start in text and end in text and text.index(start) < text.index(end):
         text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as f:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
         f.write(text)
+    os.replace(tmp, path)
     print(f"wrote {path}")
 
 
