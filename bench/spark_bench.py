@@ -68,6 +68,7 @@ TOPIC = "bench"
 TOPIC_PARTITIONS = 4
 STORE_CONF = {"storage.tiers.first.sizes": "256g"}  # default file tier on disk, with room
 MARK = "spark-bench"
+QUIET_CORES = 0.25  # before a timed run, wait (a minute at most) until others use less
 TARGETS = {"sink": 1.1, "source": 0.95, "p50": 0.5}
 
 
@@ -182,7 +183,8 @@ class NullSink(DataSource):
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-LOADS: list[float] = []
+OTHERS: dict[str, list[float]] = {}  # CPU (in cores) used by processes outside this run
+WAITED: list[float] = []
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -195,11 +197,46 @@ CPU: dict[str, list[dict[str, float]]] = {}
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def tree_cpu() -> dict[str, float]:
-    """CPU seconds (user, sys, children included) and minor page faults of this process's
-    descendants, split into the JVM and Spark's Python workers (Linux /proc)."""
-    procs: dict[int, tuple[int, list[int], str]] = {}
-    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+def _foreign_jiffies() -> int:
+    """CPU time of user-space processes outside this run: the machine's user, nice and
+    system time, less this process tree's and the kernel threads' (writeback, journal:
+    work done for whoever writes, this run included)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:4]]
+    total = sum(v)
+    procs = _all_procs()
+    for t in (v[1] for v in _tree(procs).values()):
+        total -= t[4] + t[5] + t[6] + t[7]  # children that exited count in their parent's
+    for pid, (ppid, t, _) in procs.items():
+        if pid == 2 or ppid == 2:
+            total -= t[4] + t[5]
+    return total
+
+
+def others_cores(fn: Callable[[], object]) -> float:
+    """Run ``fn``; the CPU (in cores) that other processes used meanwhile."""
+    f0, t0 = _foreign_jiffies(), time.perf_counter()
+    fn()
+    f1, t1 = _foreign_jiffies(), time.perf_counter()
+    return max(0.0, (f1 - f0) / _HZ / max(t1 - t0, 1e-3))
+
+
+def wait_quiet(limit: float, most: float = 60.0) -> None:
+    """Wait (at most ``most`` seconds) until other processes use under ``limit`` cores."""
+    t0 = time.perf_counter()
+    while others_cores(lambda: time.sleep(1.0)) > limit and time.perf_counter() - t0 < most:
+        pass
+    WAITED.append(time.perf_counter() - t0)
+
+
+Procs = dict[int, tuple[int, list[int], str]]
+
+
+def _all_procs() -> Procs:
+    """pid -> (ppid, stat fields 7..14: minflt cminflt majflt cmajflt utime stime cutime
+    cstime, command line) of every process."""
+    procs: Procs = {}
+    for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
@@ -211,6 +248,11 @@ def tree_cpu() -> dict[str, float]:
             continue
         fields = st[st.rindex(")") + 2:].split()
         procs[int(d)] = (int(fields[1]), [int(x) for x in fields[7:15]], cmd)
+    return procs
+
+
+def _tree(procs: Procs) -> Procs:
+    """This process and its descendants."""
     tree, grew = {os.getpid()}, True
     while grew:
         grew = False
@@ -218,9 +260,16 @@ def tree_cpu() -> dict[str, float]:
             if ppid in tree and pid not in tree:
                 tree.add(pid)
                 grew = True
+    return {pid: procs[pid] for pid in tree if pid in procs}
+
+
+def tree_cpu() -> dict[str, float]:
+    """CPU seconds (user, sys, children included) and minor page faults of this process's
+    descendants, split into the JVM and Spark's Python workers (Linux /proc)."""
     out = {f"{k}_{m}": 0.0 for k in ("jvm", "py") for m in ("user", "sys", "faults")}
-    for pid in tree - {os.getpid()}:
-        _, v, cmd = procs[pid]
+    for pid, (_, v, cmd) in _tree(_all_procs()).items():
+        if pid == os.getpid():
+            continue
         k = "jvm" if "java" in cmd else "py" if "pyspark" in cmd else None
         if k is None:
             continue
@@ -232,18 +281,21 @@ def tree_cpu() -> dict[str, float]:
 
 
 def rounds(fns: dict[str, Callable[[int], float]], repeat: int) -> dict[str, list[float]]:
-    """Round 0 (warm-up) and ``repeat`` timed rounds, each running every function once."""
+    """Round 0 (warm-up) and ``repeat`` timed rounds, each running every function once;
+    before each timed run, wait a little for other processes on the machine to go quiet."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(repeat + 1):
         for k, fn in fns.items():
-            LOADS.append(os.getloadavg()[0])
+            if i:
+                wait_quiet(QUIET_CORES)
             before = tree_cpu()
-            out[k].append(fn(i))
+            others = others_cores(lambda k=k, fn=fn, i=i: out[k].append(fn(i)))
             after = tree_cpu()
             if i:
                 CPU.setdefault(k, []).append({m: after[m] - before[m] for m in after})
-            print(f"    {k} {'warm-up' if i == 0 else f'run {i}'}: {out[k][-1]:.2f} s",
-                  flush=True)
+                OTHERS.setdefault(k, []).append(others)
+            print(f"    {k} {'warm-up' if i == 0 else f'run {i}'}: {out[k][-1]:.2f} s "
+                  f"(others {others:.2f} cores)", flush=True)
     return out
 
 
@@ -419,14 +471,17 @@ def bench_latency(spark: SparkSession, data: str, seconds: float, interval: floa
                 nxt += interval
                 time.sleep(max(0.0, nxt - time.monotonic()))
 
-        LOADS.append(os.getloadavg()[0])
-        t = threading.Thread(target=produce, name="producer")
-        t.start()
-        t.join()
-        wait = time.time() + 30
-        while len(seen) < commits and time.time() < wait:
-            time.sleep(0.05)
-        LOADS.append(os.getloadavg()[0])
+        wait_quiet(QUIET_CORES)
+
+        def run_producer() -> None:
+            t = threading.Thread(target=produce, name="producer")
+            t.start()
+            t.join()
+            wait = time.time() + 30
+            while len(seen) < commits and time.time() < wait:
+                time.sleep(0.05)
+
+        OTHERS["latency"] = [others_cores(run_producer)]
     finally:
         q.stop()
     store.close()
@@ -496,8 +551,9 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
 
     def row(label: str, k: str, extra: str = "") -> str:
         runs = " / ".join(f"{v:.2f}" for v in times[k][1:])
+        others = " / ".join(f"{v:.1f}" for v in OTHERS.get(k, []))
         return (f"| {label} | {rows / med[k] / 1e6:.2f} M | {med[k]:.2f} s | {runs} | "
-                f"{times[k][0]:.2f} s |{extra}")
+                f"{others} | {times[k][0]:.2f} s |{extra}")
 
     def trig(k: str) -> str:
         return f" {statistics.median(src['trigger_ms'][k][1:]) / 1000:.2f} s |"
@@ -517,16 +573,19 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
     cmd = ".venv/bin/python bench/spark_bench.py" + (
         f" --rows {rows}" if rows != 10_000_000 else "") + (
         f" --repeat {args.repeat}" if args.repeat != 5 else "")
-    loads = f"{min(LOADS):.1f}–{max(LOADS):.1f}" if LOADS else "n/a"
+    busy = [v for k, vs in OTHERS.items() if k != "latency" for v in vs]
     ph = lat["phases"]
     lines = [
         "## Spark: pafka sink and sources (`bench/spark_bench.py`)", "",
         f"Command: `{cmd}` — {machine()}. Run time {total_s / 60:.1f} min. One `local[2]` "
         "SparkSession (driver memory 6g; otherwise Spark's defaults, e.g. "
-        "`spark.sql.execution.arrow.maxRecordsPerBatch`=10,000). The machine is shared: the "
-        f"1-minute load average sampled before each timed action ranged {loads} (2 cores), so "
-        "single runs vary; ratios are medians of per-round ratios, each round running the "
-        "peers back to back.", "",
+        "`spark.sql.execution.arrow.maxRecordsPerBatch`=10,000). The machine is shared with "
+        "other sessions: before each timed run the script waits (a minute at most) until "
+        f"processes outside the run use under {QUIET_CORES} cores, and it records what they "
+        "used during the run (column *others*, in cores of 2); over all timed runs: median "
+        f"{statistics.median(busy):.2f}, max {max(busy):.2f} cores; waiting took "
+        f"{sum(WAITED):.0f} s in all. Single runs still vary; ratios are medians of "
+        "per-round ratios, each round running the peers back to back.", "",
         f"Rows: {rows:,} × (key bigint, timestamp bigint, value **binary** of 100 pseudo-random "
         f"bytes — a slice of two SHA-512 digests of the key) ≈ {mb:,.0f} MB of payload, "
         f"generated from `spark.range` in {info['spark_parts']} partitions and cached in memory "
@@ -537,7 +596,8 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "fsync). Reads run over round 0's output, just written (page cache warm for both). Each "
         f"path runs once untimed (warm-up, last column), then {args.repeat} timed runs; rows/s "
         "from the median.", "",
-        "| path | rows/s | median | timed runs (s) | warm-up |", "|---|---|---|---|---|",
+        "| path | rows/s | median | timed runs (s) | others (cores) | warm-up |",
+        "|---|---|---|---|---|---|",
         row("`df.write.format(\"pafka\")`", "pafka sink"),
         row("`df.write.parquet` (snappy)", "parquet sink"),
         row("Python `DataSourceArrowWriter` that drops its input (sink ceiling)", "null sink"),
@@ -547,7 +607,8 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         row(f"storage-free Python source, 64k-row batches → noop ({src['parts']} partitions)",
             "ceiling source"),
         "", "| streaming, Trigger.AvailableNow → noop | rows/s | median | timed runs (s) | "
-        "warm-up | the batch alone (triggerExecution) |", "|---|---|---|---|---|---|",
+        "others (cores) | warm-up | the batch alone (triggerExecution) |",
+        "|---|---|---|---|---|---|---|",
         row("`readStream.format(\"pafka\")`", "pafka stream", trig("pafka stream")),
         row("`readStream.parquet` (file source)", "parquet stream", trig("parquet stream")),
         row("storage-free Python stream source", "ceiling stream", trig("ceiling stream")), "",
@@ -595,7 +656,8 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "**latency = wall clock when that micro-batch's `collect()` returned on the driver − "
         "`_timestamp`**, the commit time the store assigned to the append (ms precision; taken "
         "just before the commit-log entry is published, so publishing is included). The query "
-        "had run idle triggers for 2 s before the producer started.", "",
+        "had run idle triggers for 2 s before the producer started; other processes used "
+        f"{OTHERS['latency'][0]:.2f} cores meanwhile.", "",
         "| samples | p50 | p99 | min | max | p50 / p99 from `append()` returning |",
         "|---|---|---|---|---|---|",
         f"| {lat['commits']} | {lat['p50'] * 1000:.0f} ms | {lat['p99'] * 1000:.0f} ms | "
