@@ -43,6 +43,7 @@ from .types import conform_batch, target_arrow_schema
 log = logging.getLogger(__name__)
 
 Offsets = dict[str, dict[str, int]]
+SPARK_BATCH_ROWS = 65_536
 
 
 @dataclass
@@ -102,7 +103,11 @@ def read_plan(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify:
                         pa.timestamp("us", tz="UTC")),
                 ]
                 b = pa.RecordBatch.from_arrays(cols, names=target.names)
-            yield conform_batch(b, target)
+            b = conform_batch(b, target)
+            # Zero-copy slices of at most SPARK_BATCH_ROWS: a chunk may hold one batch of
+            # hundreds of thousands of rows, which costs the JVM side page faults to take in.
+            for at in range(0, b.num_rows, SPARK_BATCH_ROWS):
+                yield b.slice(at, SPARK_BATCH_ROWS) if b.num_rows > SPARK_BATCH_ROWS else b
     except DataLoss as e:
         if fail_on_data_loss:
             raise
