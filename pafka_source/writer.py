@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pyspark.sql.datasource import (
 )
 
 from tier_store import ChunkRef, PafkaError, Store, Topic
+from tier_store.layout import STORE_FILE
 
 from .options import SinkOptions
 
@@ -32,17 +34,31 @@ log = logging.getLogger(__name__)
 # Arrow batches of a task are gathered up to this size before they become chunks.
 CHUNK_TARGET_BYTES = 32 * 1024 * 1024
 
-_stores: dict[tuple[str, str], Store] = {}
+_stores: dict[tuple[str, str], tuple[tuple[int, int] | None, Store]] = {}
 _stores_lock = threading.Lock()
 
 
+def _identity(root: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(os.path.join(root, STORE_FILE))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def open_store(root: str, config: dict[str, Any]) -> Store:
-    """One store handle per root and config in each process (Python workers are reused)."""
+    """One store handle per root and config in each process (Python workers are reused).
+
+    A handle is reused only while the store's ``_store.json`` is the same file: a store
+    deleted and created again under the same root gets a fresh handle."""
     key = (root, json.dumps(config, sort_keys=True, default=str))
     with _stores_lock:
-        s = _stores.get(key)
-        if s is None:
-            s = _stores[key] = Store.open(root, config or None)
+        cached = _stores.get(key)
+        ident = _identity(root)
+        if cached is not None and cached[0] == ident and ident is not None:
+            return cached[1]
+        s = Store.open(root, config or None)
+        _stores[key] = (_identity(root), s)
         return s
 
 

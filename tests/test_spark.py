@@ -92,6 +92,17 @@ def test_batch_write_is_one_atomic_append_and_overwrite_is_refused(spark, tmp_pa
         df.write.format("pafka").option("topic", "w").mode("overwrite").save(str(tmp_path))
 
 
+def test_a_store_deleted_and_created_again_under_one_root_is_written_afresh(spark, tmp_path):
+    # Spark's Python processes cache store handles; a stale one must not outlive its store.
+    import shutil
+    root = tmp_path / "store"
+    df = spark.range(100).selectExpr("id as key", "id as ts", "cast(id as string) as value")
+    for _ in range(2):
+        shutil.rmtree(root, ignore_errors=True)
+        df.write.format("pafka").option("topic", "w").mode("append").save(str(root))
+        assert _keys(spark, root, "w") == list(range(100))
+
+
 def test_key_option_routes_rows_by_the_stores_hash(spark, tmp_path):
     df = spark.range(2000).selectExpr("id % 50 as key", "id as ts", "cast(id as string) as value")
     df.write.format("pafka").option("topic", "k").option("partitions", 3).option("key", "key") \
