@@ -336,6 +336,13 @@ def make_session() -> SparkSession:
     return spark
 
 
+def topic_schema() -> pa.Schema:
+    """The Arrow schema the pafka sink gives a topic created from :func:`generate`'s rows."""
+    return pa.schema([pa.field("key", pa.int64(), nullable=False),
+                      pa.field("timestamp", pa.int64(), nullable=False),
+                      pa.field("value", pa.binary())])
+
+
 def generate(spark: SparkSession, rows: int) -> DataFrame:
     df = spark.range(0, rows).selectExpr(
         "id AS key", f"{TS0} + id AS timestamp",
@@ -433,15 +440,12 @@ def bench_latency(spark: SparkSession, data: str, seconds: float, interval: floa
                   per_commit: int) -> dict:
     root = os.path.join(data, "latency")
     store = Store.open(root, STORE_CONF)
-    schema = pa.schema([pa.field("key", pa.int64(), nullable=False),
-                        pa.field("timestamp", pa.int64(), nullable=False),
-                        pa.field("value", pa.binary())])
-    topic = store.create_topic("latency", schema, partitions=TOPIC_PARTITIONS)
+    topic = store.create_topic("latency", topic_schema(), partitions=TOPIC_PARTITIONS)
     commits = int(seconds / interval)
     value = pa.array([bytes(100)] * per_commit, pa.binary())
     batches = [pa.record_batch([pa.array(np.arange(i * per_commit, (i + 1) * per_commit)),
                                 pa.array(np.full(per_commit, TS0, np.int64)), value],
-                               schema=schema) for i in range(commits)]
+                               schema=topic.schema) for i in range(commits)]
     seen: dict[int, tuple[float, int]] = {}
     produced: dict[int, tuple[int, float]] = {}
 
