@@ -59,8 +59,9 @@ class DeviceThrottle:
         time.sleep(max(0.0, nxt - now))  # the transfer ends when the device gets to it
 
 
-def install_throttle(throttle_file: str, rate: float, slow_tier: int) -> None:
-    """Charge every write to tier ``slow_tier`` to the shared bucket (this process only)."""
+def install_throttle(throttle_file: str, rate: float, slow_tier: int | None) -> None:
+    """Charge every write to tier ``slow_tier`` (None: to every file tier) to the shared
+    bucket (this process only)."""
     import migration.service as service
     import tier_store.moves as moves
     from tier_store.tiers import file as file_tier
@@ -79,7 +80,7 @@ def install_throttle(throttle_file: str, rate: float, slow_tier: int) -> None:
 
         def wrapped(self, *a, _orig=orig, **k):
             w = _orig(self, *a, **k)
-            if w is not None and self.number == slow_tier:
+            if w is not None and slow_tier in (None, self.number):
                 w.slow = True
             return w
 
@@ -158,37 +159,47 @@ def migrator(args: argparse.Namespace) -> None:
 
 
 # -- scenarios ------------------------------------------------------------------------------
-def run_scenario(name: str, tiered: bool, schedule: list, producers: int, hdd: float,
-                 conf_extra: dict, base: str, shm: str, prefill: int = 0) -> dict:
-    root = os.path.join(base, f"{name}-{'tiered' if tiered else 'hdd'}-{uuid.uuid4().hex[:6]}")
-    fast = os.path.join(shm, f"pafka-tier1-{uuid.uuid4().hex[:6]}")
+def store_conf(tiered: bool, fast: str, conf_extra: dict) -> tuple[dict, int]:
+    """The store configuration of a run and the number of its throttled (HDD) tier."""
     conf = {"log.segment.bytes": "32m", "log.cleanup.grace.ms": GRACE_MS,
             "storage.migrate.interval.ms": 200, **conf_extra}
     if tiered:
         conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
                      "storage.tiers.first.paths": fast, "log.pmem.pool.ratio": 1.0})
-        slow = 2
-    else:
-        conf.update({"storage.tiers.first.sizes": "64g"})
-        slow = 1
+        return conf, 2
+    conf.update({"storage.tiers.first.sizes": "64g"})
+    return conf, 1
+
+
+def prefill_topic(t, nbytes: int) -> None:
+    """Append ``nbytes`` over the topic's partitions: Pafka's balanced state, tier 1 holding
+    threshold × its capacity when a burst comes."""
+    import numpy as np
+    import pyarrow as pa
+    rows = 32_000
+    values = pa.py_buffer(bytes(rows * 100))
+    batch = pa.record_batch([pa.array(np.arange(rows, dtype=np.int64)),
+                             pa.array(np.zeros(rows, dtype=np.int64)),
+                             pa.FixedSizeBinaryArray.from_buffers(pa.binary(100), rows,
+                                                                  [None, values]
+                                                                  ).cast(t.schema[2].type)],
+                            schema=t.schema)
+    done = 0
+    while done < nbytes:
+        t.append(batch, partition=(done // batch.nbytes) % t.partitions)
+        done += batch.nbytes
+
+
+def run_scenario(name: str, tiered: bool, schedule: list, producers: int, hdd: float,
+                 conf_extra: dict, base: str, shm: str, prefill: int = 0) -> dict:
+    root = os.path.join(base, f"{name}-{'tiered' if tiered else 'hdd'}-{uuid.uuid4().hex[:6]}")
+    fast = os.path.join(shm, f"pafka-tier1-{uuid.uuid4().hex[:6]}")
+    conf, slow = store_conf(tiered, fast, conf_extra)
     from tier_store import Store
     s = Store.open(root, conf)
     t = s.create_topic("bench", _schema(), partitions=producers)
     if prefill:
-        # Pafka's balanced state: tier 1 holds threshold × its capacity when a burst comes.
-        import numpy as np
-        import pyarrow as pa
-        rows = 32_000
-        values = pa.py_buffer(bytes(rows * 100))
-        batch = pa.record_batch([pa.array(np.arange(rows, dtype=np.int64)),
-                                 pa.array(np.zeros(rows, dtype=np.int64)),
-                                 pa.FixedSizeBinaryArray.from_buffers(pa.binary(100), rows,
-                                                                      [None, values])],
-                                schema=_schema())
-        done = 0
-        while done < prefill:
-            t.append(batch, partition=(done // batch.nbytes) % producers)
-            done += batch.nbytes
+        prefill_topic(t, prefill)
     throttle = os.path.join(base, f"throttle-{uuid.uuid4().hex[:6]}")
     seconds = sum(d for d, _ in schedule)
     start = time.time() + 2.0
