@@ -20,6 +20,8 @@ N_APPENDS = 40
 def _conf(kind, tmp_path, shm_dir):
     base = {"log.segment.bytes": "64k", "log.checkpoint.interval": 5,
             "log.cleanup.grace.ms": 0}
+    if kind == "file-direct":  # every chunk past the page cache, most sharing a block
+        base["log.file.direct.bytes"] = "4k"
     if kind == "pmem":
         base.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
                      "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "8m",
@@ -45,7 +47,7 @@ def _keys(topic, p, start=0):
     return [k for b in topic.read(p, start) for k in b.column("key").to_pylist()]
 
 
-@pytest.mark.parametrize("kind", ["file", "pmem"])
+@pytest.mark.parametrize("kind", ["file", "file-direct", "pmem"])
 @pytest.mark.parametrize("point", POINTS)
 def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kind, point):
     root, ack = tmp_path / "store", tmp_path / "ack"

@@ -17,4 +17,4 @@ def make_tier(spec: TierSpec, config: StoreConfig) -> Tier:
         return PmemTier(spec, config["log.segment.bytes"], config["log.pmem.pool.ratio"])
     if spec.type == "REMOTE":
         return RemoteTier(spec, config["log.segment.bytes"])
-    return FileTier(spec, config["log.segment.bytes"])
+    return FileTier(spec, config["log.segment.bytes"], config["log.file.direct.bytes"])
