@@ -37,10 +37,12 @@ def _procs(root, specs):
         assert p.returncode == 0, err[-2000:]
 
 
-@pytest.mark.parametrize("kind", ["file", "pmem"])
+@pytest.mark.parametrize("kind", ["file", "file-direct", "pmem"])
 def test_two_processes_appending_to_one_partition_end_exactly_once_and_gapless(
         tmp_path, shm_dir, kind):
     conf = {"log.segment.bytes": "64k", "log.checkpoint.interval": 20}
+    if kind == "file-direct":  # chunks that cross a block boundary are written with O_DIRECT
+        conf["log.file.direct.bytes"] = "1k"
     if kind == "pmem":
         conf.update({"log.channel.type": "pmem", "storage.tiers.first.paths": shm_dir,
                      "storage.tiers.first.sizes": "16m", "log.pmem.pool.ratio": 1.0})
@@ -73,8 +75,9 @@ def test_racing_replays_of_one_writer_append_each_batch_once(tmp_path):
     assert t.state().writers == {"w": 99}
 
 
-def test_a_reader_thread_sees_a_growing_prefix_while_a_writer_appends(tmp_path):
-    s = Store.open(tmp_path, {"log.segment.bytes": "64k"})
+@pytest.mark.parametrize("direct", ["0", "1k"])
+def test_a_reader_thread_sees_a_growing_prefix_while_a_writer_appends(tmp_path, direct):
+    s = Store.open(tmp_path, {"log.segment.bytes": "64k", "log.file.direct.bytes": direct})
     t = s.create_topic("t", SCHEMA)
     done = threading.Event()
     errors = []

@@ -3,9 +3,9 @@
 Big chunks go past the page cache (``O_DIRECT``): copying them into it is the largest CPU
 cost of a durable append on this kind of machine, and the write is flushed at once anyway.
 Direct I/O needs whole aligned blocks, so the chunk is encoded into a page-aligned scratch
-mapping behind the bytes already in its first block (read back, written again unchanged);
-the layout on disk is the same as with pwrite. Where the file system refuses ``O_DIRECT``
-(tmpfs), chunks are written through the page cache.
+mapping at its offset within its first block; that first, shared block is written through
+the page cache and the rest directly, so the layout on disk is the same as with pwrite.
+Where the file system refuses ``O_DIRECT`` (older tmpfs), chunks go through the page cache.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class FileSegmentWriter(SegmentWriter):
         return self._dfd
 
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
-        if self._direct_bytes and chunk.size >= self._direct_bytes and self._direct_fd() >= 0:
+        if (self._direct_bytes and chunk.size >= self._direct_bytes
+                and pos % BLOCK + chunk.size > BLOCK and self._direct_fd() >= 0):
             return self._write_direct(pos, chunk)
         view = memoryview(chunk.buffer())
         half = len(view) // 2
@@ -83,21 +84,25 @@ class FileSegmentWriter(SegmentWriter):
         return checksum(view)
 
     def _write_direct(self, pos: int, chunk: EncodedChunk) -> int:
-        start = pos - pos % BLOCK
-        head = pos - start
-        total = -(-(head + chunk.size) // BLOCK) * BLOCK
+        lead = pos % BLOCK
+        end = lead + chunk.size
+        total = -(-end // BLOCK) * BLOCK
         buf = _scratch_buffer(total)
         view = memoryview(buf)
-        if head:
-            # The block's first bytes belong to the chunk before: written again unchanged.
-            old = os.pread(self._fd, head, start)
-            view[:len(old)] = old
-            view[len(old):head] = bytes(head - len(old))
-        chunk.write_into(pa.py_buffer(view[head:head + chunk.size]))
-        view[head + chunk.size:total] = bytes(total - head - chunk.size)  # beyond `end`: free
-        half = total // 2 // BLOCK * BLOCK
+        # Laid out as in the file from the block holding `pos`, so that the direct part
+        # starts at an aligned address.
+        chunk.write_into(pa.py_buffer(view[lead:end]))
+        view[end:total] = bytes(total - end)  # beyond `end`: free space
+        crc = checksum(view[lead:end])
+        start = pos - lead
+        if lead:
+            # The first block also holds the chunk before, which readers may have cached:
+            # a direct write there could race with their page faults. Through the cache.
+            _pwrite_all(self._fd, view[lead:BLOCK], pos)
+        first = BLOCK if lead else 0
+        half = first + (total - first) // 2 // BLOCK * BLOCK
         try:
-            _pwrite_all(self._dfd, view[:half], start)
+            _pwrite_all(self._dfd, view[first:half], start + first)
             crash_point("chunk.copy")
             _pwrite_all(self._dfd, view[half:total], start + half)
         except OSError as e:
@@ -107,7 +112,7 @@ class FileSegmentWriter(SegmentWriter):
             self._direct_bytes = 0
             return self.write_chunk(pos, chunk)
         crash_point("chunk.flushed")
-        return checksum(view[head:head + chunk.size])
+        return crc
 
     def set_end(self, end: int) -> None:
         # One fdatasync makes the chunk and the new end durable together. Either may reach
