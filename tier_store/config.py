@@ -184,9 +184,10 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("storage.migrate.threads", "int", 1,
                   "Segments moved in parallel by the migration service.", changeable=True,
                   minimum=1, maximum=64),
-        ConfigKey("log.file.direct.bytes", "size", 1 * MiB,
-                  "Chunks at least this big are written to file tiers with direct I/O, past "
-                  "the page cache (its copy costs more CPU than the write); 0 = never.",
+        ConfigKey("log.file.direct.bytes", "size", 0,
+                  "Chunks at least this big are written to file tiers with direct I/O "
+                  "(O_DIRECT), past the page cache: less CPU per durable write, but readers "
+                  "of fresh data then read from the device; 0 = never.",
                   changeable=True, minimum=0),
         ConfigKey("log.pmem.pool.ratio", "float", 0.8,
                   "Fraction of a PMEM tier pre-allocated as a pool of segment files.",

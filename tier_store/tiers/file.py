@@ -1,7 +1,8 @@
 """The file tier: a local (or NFS) directory; chunks appended with pwrite + fdatasync.
 
-Big chunks go past the page cache (``O_DIRECT``): copying them into it is the largest CPU
-cost of a durable append on this kind of machine, and the write is flushed at once anyway.
+With ``log.file.direct.bytes`` set, big chunks go past the page cache (``O_DIRECT``):
+copying them into it is the largest CPU cost of a durable append on some machines, and the
+write is flushed at once anyway; readers of those chunks then read from the device.
 Direct I/O needs whole aligned blocks, so the chunk is encoded into a page-aligned scratch
 mapping at its offset within its first block; that first, shared block is written through
 the page cache and the rest directly, so the layout on disk is the same as with pwrite.
