@@ -76,7 +76,9 @@ class FileSegmentWriter(SegmentWriter):
         if (self._direct_bytes and chunk.size >= self._direct_bytes
                 and pos % BLOCK + chunk.size > BLOCK and self._direct_fd() >= 0):
             return self._write_direct(pos, chunk)
-        view = memoryview(chunk.buffer())
+        # Encoded into the thread's scratch mapping: no growing buffer, no fresh pages.
+        view = memoryview(_scratch_buffer(chunk.size))[:chunk.size]
+        chunk.write_into(pa.py_buffer(view))
         half = len(view) // 2
         _pwrite_all(self._fd, view[:half], pos)
         crash_point("chunk.copy")
