@@ -48,6 +48,11 @@ class EncodedChunk:
         _write(sink, batches, schema, compression)
         return cls(batches, schema, sink.size(), records, compression)
 
+    @property
+    def encoded(self) -> pa.Buffer | None:
+        """The chunk's bytes if they were already encoded (compressed chunks), else None."""
+        return self._buffer
+
     def buffer(self) -> pa.Buffer:
         """The chunk's bytes in one buffer (file tiers write it with one pwrite)."""
         if self._buffer is None:

@@ -37,9 +37,14 @@ BLOCK = 4096  # the alignment O_DIRECT asks for on every common device
 _scratch = threading.local()
 
 
+SCRATCH_KEPT = 64 * 1024 * 1024  # a bigger (oversized) chunk gets a mapping of its own
+
+
 def _scratch_buffer(size: int) -> mmap.mmap:
     """A page-aligned buffer of at least ``size`` bytes, reused by this thread (its pages
     stay mapped, so encoding into it takes no page faults)."""
+    if size > SCRATCH_KEPT:
+        return mmap.mmap(-1, size)
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < size:
         buf = _scratch.buf = mmap.mmap(-1, max(size, 4 * 1024 * 1024))
@@ -76,9 +81,12 @@ class FileSegmentWriter(SegmentWriter):
         if (self._direct_bytes and chunk.size >= self._direct_bytes
                 and pos % BLOCK + chunk.size > BLOCK and self._direct_fd() >= 0):
             return self._write_direct(pos, chunk)
-        # Encoded into the thread's scratch mapping: no growing buffer, no fresh pages.
-        view = memoryview(_scratch_buffer(chunk.size))[:chunk.size]
-        chunk.write_into(pa.py_buffer(view))
+        if chunk.encoded is not None:  # compressed: its bytes exist already
+            view = memoryview(chunk.encoded)
+        else:
+            # Encoded into the thread's scratch mapping: no growing buffer, no fresh pages.
+            view = memoryview(_scratch_buffer(chunk.size))[:chunk.size]
+            chunk.write_into(pa.py_buffer(view))
         half = len(view) // 2
         _pwrite_all(self._fd, view[:half], pos)
         crash_point("chunk.copy")
