@@ -108,7 +108,8 @@ class _Writing:
                 table = pa.Table.from_batches(batches).combine_chunks()
                 refs.extend(topic.write_chunks(table, partition=p,
                                                key=self.opts.key,
-                                               timestamp_column=self.opts.timestamp_column))
+                                               timestamp_column=self.opts.timestamp_column,
+                                               durable=False))
 
         def add(p: int | None, batch: pa.RecordBatch) -> None:
             pending.setdefault(p, []).append(batch)
@@ -133,6 +134,9 @@ class _Writing:
             turn += k
         for p in list(pending):
             flush(p)
+        # One flush per segment touched, before the driver may make the chunks visible:
+        # flushing each chunk as it is written stalls the task on the device.
+        topic.sync()
         return PafkaCommitMessage([r.to_dict() for r in refs],
                                   self.opts.writer_id or query_id, batch_id, records)
 

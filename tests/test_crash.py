@@ -22,15 +22,16 @@ def _conf(kind, tmp_path, shm_dir):
             "log.cleanup.grace.ms": 0}
     if kind == "file-direct":  # every chunk past the page cache, most sharing a block
         base["log.file.direct.bytes"] = "4k"
-    if kind == "pmem":
+    if kind.startswith("pmem"):
         base.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
                      "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "8m",
                      "log.pmem.pool.ratio": 1.0})
     return base
 
 
-def _run_writer(root, ack, conf, n, env_extra, start=0):
-    env = dict(os.environ, **env_extra, CRASH_WRITER_START=str(start))
+def _run_writer(root, ack, conf, n, env_extra, start=0, deferred=False):
+    env = dict(os.environ, **env_extra, CRASH_WRITER_START=str(start),
+               CRASH_WRITER_DEFERRED="1" if deferred else "0")
     return subprocess.run([PYTHON, "-m", "tests.crash_writer", str(root), str(ack),
                            json.dumps(conf), str(n)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -47,7 +48,8 @@ def _keys(topic, p, start=0):
     return [k for b in topic.read(p, start) for k in b.column("key").to_pylist()]
 
 
-@pytest.mark.parametrize("kind", ["file", "file-direct", "pmem"])
+@pytest.mark.parametrize("kind", ["file", "file-direct", "pmem", "file-deferred",
+                                  "pmem-deferred"])
 @pytest.mark.parametrize("point", POINTS)
 def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kind, point):
     root, ack = tmp_path / "store", tmp_path / "ack"
@@ -56,8 +58,10 @@ def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kin
     # partition's first segment (a roll with nothing to seal).
     after = {"checkpoint.write": 2, "checkpoint.pointer": 2, "segment.roll.sealed": 1,
              "segment.roll.created": 4}.get(point, 12)
+    deferred = kind.endswith("-deferred")
     r = _run_writer(root, ack, conf, N_APPENDS,
-                    {"PAFKA_CRASH_POINT": point, "PAFKA_CRASH_AFTER": str(after)})
+                    {"PAFKA_CRASH_POINT": point, "PAFKA_CRASH_AFTER": str(after)},
+                    deferred=deferred)
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
     acked = _acknowledged(ack)
     assert 0 < len(acked) < N_APPENDS * 2
@@ -87,7 +91,7 @@ def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kin
     assert report.ok, report.problems
     # The store keeps working after the crash: more appends, in a new process too.
     topic.append(make_batch(10**6, 300), key="key")
-    r = _run_writer(root, tmp_path / "ack2", conf, 3, {}, start=2 * 10**6)
+    r = _run_writer(root, tmp_path / "ack2", conf, 3, {}, start=2 * 10**6, deferred=deferred)
     assert r.returncode == 0, r.stderr[-2000:]
     again = Store.open(root).topic("t")
     total = sum(len(_keys(again, p)) for p in range(again.partitions))

@@ -63,6 +63,30 @@ class TierContract:
             (b,) = list(read_chunk(buf.slice(p, n), "test"))
             assert b.column(0).to_pylist() == list(range(i * 10, i * 10 + 10))
 
+    def test_deferred_chunks_are_readable_and_flushed_by_sync_seal_or_close(self, tier):
+        w = tier.create_segment("t", 1, 4, 100)
+        pos, spans = HEADER_SIZE, []
+        for i in range(6):
+            c = _chunk(i * 10, 10)
+            pos = align(pos)
+            spans.append((pos, c.size, w.write_chunk(pos, c)))
+            w.set_end(pos + c.size, durable=False)
+            pos += c.size
+            if i == 2:
+                w.sync()
+                w.sync()  # nothing left to flush: a no-op
+        # Another writer (another process) sees the advanced end before any flush.
+        other = tier.open_segment(tier.segment_path("t", 1, 4))
+        assert other.header().end == pos
+        other.close()
+        w.seal()
+        w.close()
+        buf = pa.memory_map(tier.segment_path("t", 1, 4)).read_buffer()
+        for i, (p, n, crc) in enumerate(spans):
+            assert checksum(buf.slice(p, n)) == crc
+            (b,) = list(read_chunk(buf.slice(p, n), "test"))
+            assert b.column(0).to_pylist() == list(range(i * 10, i * 10 + 10))
+
     def test_seal_is_durable_and_seen_by_a_new_writer(self, tier):
         w = tier.create_segment("t", 0, 1, 100)
         w.seal()
@@ -83,6 +107,32 @@ class TierContract:
         tier.release_segment(path)
         assert not os.path.exists(path)
         tier.release_segment(path)  # idempotent
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_a_chunk_gathered_from_its_batches_is_byte_for_byte_its_encoding(compression):
+    import datetime
+    import decimal
+
+    t = pa.table({
+        "i8": pa.array([1, None, -3], pa.int8()), "u64": pa.array([0, 2**64 - 1, 5], pa.uint64()),
+        "f": [1.5, None, -0.0], "d": pa.array([decimal.Decimal("1.25")] * 3,
+                                                      pa.decimal128(9, 2)),
+        "s": ["a", None, "ccc" * 50], "b": pa.array([b"\x00", b"", None], pa.large_binary()),
+        "ts": pa.array([0, 1, None], pa.timestamp("us", "UTC")),
+        "day": [datetime.date(2024, 1, 1)] * 3, "ok": [True, None, False],
+        "l": [[1, 2], None, []], "st": [{"x": 1, "y": "a"}, None, {"x": None, "y": None}],
+        "m": pa.array([[("k", 1)], None, []], pa.map_(pa.string(), pa.int64())),
+    })
+    batches = t.slice(1).to_batches() + t.to_batches()  # a sliced batch: offsets not at 0
+    c = EncodedChunk.of(batches, t.schema, compression)
+    joined = b"".join(bytes(memoryview(p)) for p in c.pieces())
+    assert len(joined) == c.size
+    from tier_store.chunk import _encode, checksum_pieces
+    assert joined == _encode(batches, t.schema, compression).to_pybytes()
+    assert checksum_pieces(c.pieces()) == checksum(joined)
+    got = pa.Table.from_batches(list(read_chunk(pa.py_buffer(joined), "test")))
+    assert got.equals(pa.Table.from_batches(batches))
 
 
 def _spec(n, typ, path, size):

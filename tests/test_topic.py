@@ -14,6 +14,7 @@ from tier_store import (
     TopicNotFound,
 )
 from tier_store.layout import log_dir
+from tier_store.recovery import check_topic
 
 from .conftest import SCHEMA, make_batch, read_all
 
@@ -85,6 +86,23 @@ def test_uncommitted_chunks_are_invisible_until_commit(file_store):
     t.commit(refs)
     assert sum(other.latest_offsets().values()) == 100
     assert sorted(read_all(other, 0) + read_all(other, 1)) == list(range(100))
+
+
+def test_deferred_chunks_are_synced_once_then_committed_across_segment_rolls(tmp_path):
+    store = Store.open(str(tmp_path / "s"), {"log.segment.bytes": "64k"})
+    topic = store.create_topic("t", SCHEMA, partitions=3)
+    refs = []
+    for i in range(30):  # several chunks per segment, several segments per partition
+        refs += topic.write_chunks(make_batch(i * 300, 300), partition=i % 3, durable=False)
+    assert len({(r.partition, r.seq) for r in refs}) >= 6
+    assert topic.latest_offsets() == {0: 0, 1: 0, 2: 0}
+    topic.sync()
+    topic.commit(refs)
+    for p in range(3):
+        keys = [k for b in topic.read(p, 0) for k in b.column("key").to_pylist()]
+        assert keys == [k for i in range(p, 30, 3) for k in range(i * 300, i * 300 + 300)]
+    assert check_topic(topic).ok
+    topic.sync()  # nothing left: a no-op
 
 
 def test_one_commit_is_atomic_across_partitions(file_store):

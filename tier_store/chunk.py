@@ -53,11 +53,15 @@ class EncodedChunk:
         """The chunk's bytes if they were already encoded (compressed chunks), else None."""
         return self._buffer
 
-    def buffer(self) -> pa.Buffer:
-        """The chunk's bytes in one buffer (file tiers write it with one pwrite)."""
-        if self._buffer is None:
-            self._buffer = _encode(self.batches, self.schema, self.compression)
-        return self._buffer
+    def pieces(self) -> list[pa.Buffer | bytes]:
+        """The chunk's bytes as a list of pieces whose concatenation is the IPC stream: the
+        record batches' own buffers (no copy) between small metadata and padding pieces,
+        for a gathering write (``pwritev``)."""
+        if self._buffer is not None:
+            return [self._buffer]
+        sink = _Pieces()
+        _write(pa.PythonFile(sink, mode="w"), self.batches, self.schema, self.compression)
+        return sink.parts
 
     def write_into(self, target: pa.Buffer) -> None:
         """Write the IPC stream straight into a mutable buffer of at least ``size`` bytes."""
@@ -65,6 +69,34 @@ class EncodedChunk:
             memoryview(target)[: self.size] = memoryview(self._buffer)
             return
         _write(pa.FixedSizeBufferWriter(target), self.batches, self.schema, self.compression)
+
+
+class _Pieces:
+    """A write-only file that keeps what it is given. Arrow's IPC writer hands a Python file
+    the body buffers themselves (zero-copy), and only metadata and padding as bytes."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.parts: list[pa.Buffer | bytes] = []
+
+    def write(self, data: pa.Buffer | bytes) -> int:
+        self.parts.append(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def checksum_pieces(pieces: list[pa.Buffer | bytes]) -> int:
+    """:func:`checksum` of the concatenation of ``pieces``, without concatenating them."""
+    h = xxhash.xxh3_64()
+    for piece in pieces:
+        h.update(memoryview(piece))
+    return h.intdigest()
 
 
 def _write(sink: pa.NativeFile, batches: list[pa.RecordBatch], schema: pa.Schema,

@@ -15,7 +15,7 @@ _after = int(os.environ.get("PAFKA_CRASH_AFTER", "0") or 0)
 
 POINTS = (
     "chunk.copy",  # half of the chunk copied into the segment, partition lock held
-    "chunk.flushed",  # chunk written (flushed on pmem), header not yet advanced
+    "chunk.flushed",  # chunk written (not yet flushed), header not yet advanced
     "chunk.header",  # header advanced in memory, not yet flushed
     "log.publish.tmp",  # entry's temp file written, not yet linked to its number
     "log.publish.linked",  # entry linked, directory not yet fsynced

@@ -127,6 +127,7 @@ class Topic:
         self._state = state
         self._lock = threading.RLock()
         self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
+        self._unsynced: set[int] = set()  # partitions with chunks written with durable=False
         self._rr = random.randrange(1 << 16)
         self._known_checkpoint = self._log.last_checkpoint() or 0
 
@@ -190,10 +191,15 @@ class Topic:
 
     # -- writing: step 1 ------------------------------------------------------------------
     def write_chunks(self, data: Any, partition: int | None = None, key: str | None = None,
-                     timestamp_column: str | None = None) -> list[ChunkRef]:
+                     timestamp_column: str | None = None, durable: bool = True
+                     ) -> list[ChunkRef]:
         """Append ``data`` durably as one chunk per partition touched; nothing is visible
         until :meth:`commit`. Rows go to ``partition`` if given, else by the stable hash of
-        column ``key`` (nulls to 0), else all to the next partition in rotation."""
+        column ``key`` (nulls to 0), else all to the next partition in rotation.
+
+        With ``durable=False`` the chunks are written but not yet flushed: a writer of many
+        chunks calls :meth:`sync` once, after the last, and only then hands the references
+        to the committer (one flush per segment instead of one per chunk)."""
         table = conform(as_table(data), self.schema, self.name)
         if table.num_rows == 0:
             return []
@@ -219,8 +225,20 @@ class Topic:
         refs = []
         for p, part in groups:
             for piece in self._split(part, compression):
-                refs.append(self._append_chunk(p, piece, timestamp_column))
+                refs.append(self._append_chunk(p, piece, timestamp_column, durable))
         return refs
+
+    def sync(self) -> None:
+        """Make durable every chunk this handle wrote with ``durable=False``.
+
+        Thread-safe. A segment rolled since was sealed, which flushed it already."""
+        with self._lock:
+            parts, self._unsynced = self._unsynced, set()
+        for p in sorted(parts):
+            with self.store.partition_lock(self.name, p):
+                cached = self._writers.get(p)
+                if cached is not None:
+                    cached[1].sync()
 
     def _route(self, table: pa.Table, key: str) -> list[tuple[int, pa.Table]]:
         parts = partition_of(table.column(key), self._state.partitions)
@@ -245,7 +263,8 @@ class Topic:
         yield from self._split(table.slice(0, half), compression)
         yield from self._split(table.slice(half), compression)
 
-    def _append_chunk(self, p: int, chunk: EncodedChunk, ts_col: str | None) -> ChunkRef:
+    def _append_chunk(self, p: int, chunk: EncodedChunk, ts_col: str | None,
+                      durable: bool = True) -> ChunkRef:
         tmin = tmax = None
         if ts_col is not None:
             tmin, tmax = _time_range(chunk, ts_col)
@@ -260,7 +279,10 @@ class Topic:
                 seq, tier, w = self._roll(p, seq, w, chunk.size)
                 pos = align(w.header().end)
             crc = w.write_chunk(pos, chunk)
-            w.set_end(pos + chunk.size)
+            w.set_end(pos + chunk.size, durable)
+            if not durable:
+                with self._lock:
+                    self._unsynced.add(p)
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
                         written, tmin, tmax)
 

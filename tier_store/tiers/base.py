@@ -34,20 +34,28 @@ class SegmentWriter(ABC):
     @abstractmethod
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
         """Write ``chunk`` at ``pos``; return its checksum. It is durable once
-        :meth:`set_end` has returned."""
+        :meth:`set_end` with ``durable=True``, :meth:`sync`, :meth:`seal` or :meth:`close`
+        has returned."""
 
     @abstractmethod
-    def set_end(self, end: int) -> None:
-        """Advance the header's ``end``; the chunk written before and ``end`` are durable on
-        return."""
+    def set_end(self, end: int, durable: bool = True) -> None:
+        """Advance the header's ``end``. With ``durable``, every chunk written so far and
+        ``end`` are durable on return; otherwise they wait for :meth:`sync`."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Make every chunk and header word written so far durable (nothing to do if all
+        are)."""
 
     @abstractmethod
     def seal(self) -> None:
-        """Mark the segment sealed, durably."""
+        """Mark the segment sealed; it and every chunk written before are durable on
+        return."""
 
     @abstractmethod
     def close(self) -> None:
-        """Release the file (and mapping)."""
+        """Make what was written durable (:meth:`sync`), then release the file (and
+        mapping)."""
 
 
 class Tier(ABC):

@@ -1,5 +1,9 @@
 """The file tier: a local (or NFS) directory; chunks appended with pwrite + fdatasync.
 
+One fdatasync covers every chunk written to the segment since the last one, so a writer that
+defers durability (:meth:`Topic.write_chunks` with ``durable=False``, then ``sync``) pays one
+flush per segment instead of one per chunk.
+
 With ``log.file.direct.bytes`` set, big chunks go past the page cache (``O_DIRECT``):
 copying them into it is the largest CPU cost of a durable append on some machines, and the
 write is flushed at once anyway; readers of those chunks then read from the device.
@@ -18,7 +22,7 @@ import threading
 
 import pyarrow as pa
 
-from ..chunk import EncodedChunk, checksum
+from ..chunk import EncodedChunk, checksum, checksum_pieces
 from ..config import TierSpec
 from ..crash import crash_point
 from ..layout import fsync_dir
@@ -31,6 +35,31 @@ def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
         n = os.pwrite(fd, data, pos)
         data = data[n:]
         pos += n
+
+
+def _split_at(pieces: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:
+    """The first ``n`` bytes of ``pieces`` and the rest, as two lists of views."""
+    for i, piece in enumerate(pieces):
+        if n <= len(piece):
+            return pieces[:i] + [piece[:n]], [piece[n:]] + pieces[i + 1:]
+        n -= len(piece)
+    return pieces, []
+
+
+IOV_MAX = 1024  # iovecs per pwritev on Linux
+
+
+def _pwritev_all(fd: int, pieces: list[memoryview], pos: int) -> None:
+    """Write the concatenation of ``pieces`` at ``pos``, straight from where they are."""
+    i = 0
+    while i < len(pieces):
+        n = os.pwritev(fd, pieces[i:i + IOV_MAX], pos)
+        pos += n
+        while i < len(pieces) and n >= len(pieces[i]):  # skip what was written whole
+            n -= len(pieces[i])
+            i += 1
+        if n:  # a short write inside a piece
+            pieces[i] = pieces[i][n:]
 
 
 BLOCK = 4096  # the alignment O_DIRECT asks for on every common device
@@ -60,6 +89,7 @@ class FileSegmentWriter(SegmentWriter):
         self._fd = os.open(path, os.O_RDWR)
         self._direct_bytes = direct_bytes if hasattr(os, "O_DIRECT") else 0
         self._dfd = -1
+        self._unsynced = False
 
     def header(self) -> SegmentHeader:
         return SegmentHeader.unpack(os.pread(self._fd, HEADER_SIZE, 0), self.path)
@@ -81,18 +111,15 @@ class FileSegmentWriter(SegmentWriter):
         if (self._direct_bytes and chunk.size >= self._direct_bytes
                 and pos % BLOCK + chunk.size > BLOCK and self._direct_fd() >= 0):
             return self._write_direct(pos, chunk)
-        if chunk.encoded is not None:  # compressed: its bytes exist already
-            view = memoryview(chunk.encoded)
-        else:
-            # Encoded into the thread's scratch mapping: no growing buffer, no fresh pages.
-            view = memoryview(_scratch_buffer(chunk.size))[:chunk.size]
-            chunk.write_into(pa.py_buffer(view))
-        half = len(view) // 2
-        _pwrite_all(self._fd, view[:half], pos)
+        # Gathered from the record batches' own buffers: the kernel's copy into the page
+        # cache is the only one.
+        pieces = [memoryview(p).cast("B") for p in chunk.pieces()]
+        first, rest = _split_at(pieces, chunk.size // 2)
+        _pwritev_all(self._fd, first, pos)
         crash_point("chunk.copy")
-        _pwrite_all(self._fd, view[half:], pos + half)
+        _pwritev_all(self._fd, rest, pos + chunk.size // 2)
         crash_point("chunk.flushed")
-        return checksum(view)
+        return checksum_pieces(pieces)
 
     def _write_direct(self, pos: int, chunk: EncodedChunk) -> int:
         lead = pos % BLOCK
@@ -125,19 +152,29 @@ class FileSegmentWriter(SegmentWriter):
         crash_point("chunk.flushed")
         return crc
 
-    def set_end(self, end: int) -> None:
-        # One fdatasync makes the chunk and the new end durable together. Either may reach
+    def set_end(self, end: int, durable: bool = True) -> None:
+        # One fdatasync makes the chunks and the new end durable together. Either may reach
         # the disk first without harm: `end` only tells the next writer where to append, and
-        # nothing references the chunk until write_chunks has returned, after this flush.
+        # nothing references a chunk until it has been flushed.
         os.pwrite(self._fd, WORD.pack(end), END_OFFSET)
         crash_point("chunk.header")
-        os.fdatasync(self._fd)
+        self._unsynced = True
+        if durable:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._unsynced:
+            os.fdatasync(self._fd)
+            self._unsynced = False
 
     def seal(self) -> None:
         os.pwrite(self._fd, WORD.pack(1), SEALED_OFFSET)
         os.fdatasync(self._fd)
+        self._unsynced = False
 
     def close(self) -> None:
+        if self._fd >= 0:
+            self.sync()
         for fd in (self._fd, self._dfd):
             if fd >= 0:
                 os.close(fd)

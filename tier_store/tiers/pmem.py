@@ -32,6 +32,8 @@ class PmemSegmentWriter(SegmentWriter):
     def __init__(self, path: str):
         self.path = path
         self._map = libpmem.PmemMapping.open(path)
+        self._dirty: tuple[int, int] | None = None  # chunk bytes written, not yet flushed
+        self._end_dirty = False
 
     def header(self) -> SegmentHeader:
         return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
@@ -45,23 +47,39 @@ class PmemSegmentWriter(SegmentWriter):
         # foreign_buffer is not, and writing through either aborts the process.
         chunk.write_into(pa.py_buffer(target))
         crash_point("chunk.copy")
-        self._map.flush(pos, chunk.size)
+        lo, hi = self._dirty or (pos, pos)
+        self._dirty = (min(lo, pos), max(hi, pos + chunk.size))
         crash_point("chunk.flushed")
         return checksum(target)
 
     def _set_word(self, offset: int, value: int) -> None:
         struct.pack_into("<Q", self._map.buffer(offset, 8), 0, value)
 
-    def set_end(self, end: int) -> None:
+    def set_end(self, end: int, durable: bool = True) -> None:
         self._set_word(END_OFFSET, end)
         crash_point("chunk.header")
-        self._map.flush(END_OFFSET, WORD.size)
+        self._end_dirty = True
+        if durable:
+            self.sync()
+
+    def sync(self) -> None:
+        # Deferred chunks lie next to each other: one flush of their span, then the header.
+        if self._dirty is not None:
+            lo, hi = self._dirty
+            self._map.flush(lo, hi - lo)
+            self._dirty = None
+        if self._end_dirty:
+            self._map.flush(END_OFFSET, WORD.size)
+            self._end_dirty = False
 
     def seal(self) -> None:
+        self.sync()
         self._set_word(SEALED_OFFSET, 1)
         self._map.flush(SEALED_OFFSET, WORD.size)
 
     def close(self) -> None:
+        if self._map.addr is not None:
+            self.sync()
         self._map.close()
 
 
