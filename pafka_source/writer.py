@@ -13,7 +13,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # Arrow batches of a task are gathered up to this size before they become chunks.
 CHUNK_TARGET_BYTES = 32 * 1024 * 1024
+# Chunks handed to a task's writing thread and not yet written (each up to the size above).
+IN_FLIGHT = 2
 
 _stores: dict[tuple[str, str], tuple[tuple[int, int] | None, Store]] = {}
 _stores_lock = threading.Lock()
@@ -72,6 +75,36 @@ class PafkaCommitMessage(WriterCommitMessage):
     records: int = 0
 
 
+class _ChunkWriting:
+    """A task's chunks, combined and written on one thread of their own, in order.
+
+    Spark's JVM blocks as soon as the task stops reading its batches; written inline, every
+    wait for the page cache or the device (direct I/O) held it up. At most ``IN_FLIGHT``
+    chunks wait, so memory stays bounded; the first error is raised in the task."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pafka-sink")
+        self._futures: list[Future[list[ChunkRef]]] = []
+
+    def submit(self, job: Callable[[], list[ChunkRef]]) -> None:
+        waiting = [f for f in self._futures if not f.done()]
+        if len(waiting) >= IN_FLIGHT:
+            wait(waiting, return_when=FIRST_COMPLETED)
+        for f in self._futures:
+            if f.done() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        self._futures.append(self._pool.submit(job))
+
+    def refs(self) -> list[ChunkRef]:
+        """Every chunk written, in the order submitted (waits for the last)."""
+        return [r for f in self._futures for r in f.result()]
+
+    def close(self) -> None:
+        for f in self._futures:
+            f.cancel()
+        self._pool.shutdown(wait=True)
+
+
 class _Writing:
     def __init__(self, opts: SinkOptions, schema: pa.Schema, partitions: int):
         self.opts = opts
@@ -89,27 +122,41 @@ class _Writing:
         batch_prop = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
         batch_id = int(batch_prop) if batch_prop is not None else None
         topic = self._topic()
-        refs: list[ChunkRef] = []
+        writing = _ChunkWriting()
+        try:
+            records = self._write(iterator, topic, task + (batch_id or 0), writing)
+            refs = writing.refs()
+        finally:
+            writing.close()
+        # One flush per segment touched, before the driver may make the chunks visible:
+        # flushing each chunk as it is written stalls the task on the device.
+        topic.sync()
+        return PafkaCommitMessage([r.to_dict() for r in refs],
+                                  self.opts.writer_id or query_id, batch_id, records)
+
+    def _write(self, iterator: Iterator[pa.RecordBatch], topic: Topic, turn: int,
+               writing: _ChunkWriting) -> int:
         # Without a key, each Arrow batch is sliced (zero-copy) over all partitions in turn,
         # so that even one task fills every partition; slices bound for one partition are
         # gathered into chunks of up to CHUNK_TARGET_BYTES. With a key, the store routes rows.
         pending: dict[int | None, list[pa.RecordBatch]] = {}
         sizes: dict[int | None, int] = {}
         records = 0
-        turn = task + (batch_id or 0)
+
+        def write(p: int | None, batches: list[pa.RecordBatch]) -> list[ChunkRef]:
+            # One record batch per chunk: readers then hand Spark a few big batches instead
+            # of many slices of Spark's 10,000-row ones (a copy here, at memory speed, saves
+            # per-batch overhead on every read).
+            table = pa.Table.from_batches(batches).combine_chunks()
+            return topic.write_chunks(table, partition=p, key=self.opts.key,
+                                      timestamp_column=self.opts.timestamp_column,
+                                      durable=False)
 
         def flush(p: int | None) -> None:
             batches = pending.pop(p, [])
             sizes.pop(p, None)
             if batches:
-                # One record batch per chunk: readers then hand Spark a few big batches
-                # instead of many slices of Spark's 10,000-row ones (a copy here, at memory
-                # speed, saves per-batch overhead on every read).
-                table = pa.Table.from_batches(batches).combine_chunks()
-                refs.extend(topic.write_chunks(table, partition=p,
-                                               key=self.opts.key,
-                                               timestamp_column=self.opts.timestamp_column,
-                                               durable=False))
+                writing.submit(lambda: write(p, batches))
 
         def add(p: int | None, batch: pa.RecordBatch) -> None:
             pending.setdefault(p, []).append(batch)
@@ -134,11 +181,7 @@ class _Writing:
             turn += k
         for p in list(pending):
             flush(p)
-        # One flush per segment touched, before the driver may make the chunks visible:
-        # flushing each chunk as it is written stalls the task on the device.
-        topic.sync()
-        return PafkaCommitMessage([r.to_dict() for r in refs],
-                                  self.opts.writer_id or query_id, batch_id, records)
+        return records
 
     def _commit(self, messages: list[PafkaCommitMessage | None], batch_id: int | None) -> None:
         msgs = [m for m in messages if m is not None]
