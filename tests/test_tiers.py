@@ -45,47 +45,47 @@ class TierContract:
         assert (h.partition, h.seq, h.end, h.sealed) == (0, 0, HEADER_SIZE, False)
         w.close()
 
-    def test_appended_chunks_read_back_zero_copy_with_their_checksums(self, tier):
-        w = tier.create_segment("t", 3, 7, 100)
+    @staticmethod
+    def _append(w, chunks, durable=True, sync_after=None):
+        """Append ``chunks`` chunks of 10 rows (keys 0, 10, 20, ...); their (pos, size, crc)
+        and the end."""
         pos, spans = HEADER_SIZE, []
-        for i in range(5):
+        for i in range(chunks):
             c = _chunk(i * 10, 10)
             pos = align(pos)
-            crc = w.write_chunk(pos, c)
-            w.set_end(pos + c.size)
-            spans.append((pos, c.size, crc))
+            spans.append((pos, c.size, w.write_chunk(pos, c)))
+            w.set_end(pos + c.size, durable)
             pos += c.size
-        assert w.header().end == pos
-        w.close()
-        buf = pa.memory_map(tier.segment_path("t", 3, 7)).read_buffer()
+            if i == sync_after:
+                w.sync()
+                w.sync()  # nothing left to flush: a no-op
+        return spans, pos
+
+    @staticmethod
+    def _check_read_back(path, spans):
+        buf = pa.memory_map(path).read_buffer()
         for i, (p, n, crc) in enumerate(spans):
             assert checksum(buf.slice(p, n)) == crc
             (b,) = list(read_chunk(buf.slice(p, n), "test"))
             assert b.column(0).to_pylist() == list(range(i * 10, i * 10 + 10))
 
+    def test_appended_chunks_read_back_zero_copy_with_their_checksums(self, tier):
+        w = tier.create_segment("t", 3, 7, 100)
+        spans, end = self._append(w, 5)
+        assert w.header().end == end
+        w.close()
+        self._check_read_back(tier.segment_path("t", 3, 7), spans)
+
     def test_deferred_chunks_are_readable_and_flushed_by_sync_seal_or_close(self, tier):
         w = tier.create_segment("t", 1, 4, 100)
-        pos, spans = HEADER_SIZE, []
-        for i in range(6):
-            c = _chunk(i * 10, 10)
-            pos = align(pos)
-            spans.append((pos, c.size, w.write_chunk(pos, c)))
-            w.set_end(pos + c.size, durable=False)
-            pos += c.size
-            if i == 2:
-                w.sync()
-                w.sync()  # nothing left to flush: a no-op
+        spans, end = self._append(w, 6, durable=False, sync_after=2)
         # Another writer (another process) sees the advanced end before any flush.
         other = tier.open_segment(tier.segment_path("t", 1, 4))
-        assert other.header().end == pos
+        assert other.header().end == end
         other.close()
         w.seal()
         w.close()
-        buf = pa.memory_map(tier.segment_path("t", 1, 4)).read_buffer()
-        for i, (p, n, crc) in enumerate(spans):
-            assert checksum(buf.slice(p, n)) == crc
-            (b,) = list(read_chunk(buf.slice(p, n), "test"))
-            assert b.column(0).to_pylist() == list(range(i * 10, i * 10 + 10))
+        self._check_read_back(tier.segment_path("t", 1, 4), spans)
 
     def test_seal_is_durable_and_seen_by_a_new_writer(self, tier):
         w = tier.create_segment("t", 0, 1, 100)
