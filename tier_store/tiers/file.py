@@ -1,4 +1,7 @@
-"""The file tier: a local (or NFS) directory; chunks appended with pwrite + fdatasync.
+"""The file tier: a local (or NFS) directory; chunks appended with pwritev + fdatasync.
+
+A chunk is gathered from its record batches' own buffers (:meth:`EncodedChunk.pieces`), so
+the kernel's copy into the page cache is the only copy.
 
 One fdatasync covers every chunk written to the segment since the last one, so a writer that
 defers durability (:meth:`Topic.write_chunks` with ``durable=False``, then ``sync``) pays one
@@ -9,7 +12,7 @@ copying them into it is the largest CPU cost of a durable append on some machine
 write is flushed at once anyway; readers of those chunks then read from the device.
 Direct I/O needs whole aligned blocks, so the chunk is encoded into a page-aligned scratch
 mapping at its offset within its first block; that first, shared block is written through
-the page cache and the rest directly, so the layout on disk is the same as with pwrite.
+the page cache and the rest directly, so the layout on disk is the same either way.
 Where the file system refuses ``O_DIRECT`` (older tmpfs), chunks go through the page cache.
 """
 
@@ -81,7 +84,7 @@ def _scratch_buffer(size: int) -> mmap.mmap:
 
 
 class FileSegmentWriter(SegmentWriter):
-    """Appends to a segment file with pwrite; durable with fdatasync."""
+    """Appends to a segment file with pwritev (or O_DIRECT); durable with fdatasync."""
 
     def __init__(self, path: str, capacity: int, direct_bytes: int = 0):
         self.path = path
