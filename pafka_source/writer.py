@@ -27,13 +27,17 @@ from pyspark.sql.datasource import (
 
 from tier_store import ChunkRef, PafkaError, Store, Topic
 from tier_store.layout import STORE_FILE
+from tier_store.segment import HEADER_SIZE
 
 from .options import SinkOptions
 
 log = logging.getLogger(__name__)
 
-# Arrow batches of a task are gathered up to this size before they become chunks.
+# Arrow batches of a task are gathered up to this size before they become chunks, or less:
+# see chunk_target.
 CHUNK_TARGET_BYTES = 32 * 1024 * 1024
+# Room left in a segment for each chunk's IPC framing and alignment.
+CHUNK_SLACK = 1 / 64
 # Chunks handed to a task's writing thread and not yet written (each up to the size above).
 IN_FLIGHT = 2
 
@@ -73,6 +77,14 @@ class PafkaCommitMessage(WriterCommitMessage):
     writer_id: str | None = None
     batch_id: int | None = None
     records: int = 0
+
+
+def chunk_target(segment_bytes: int) -> int:
+    """Bytes of Arrow data gathered into one chunk: at most CHUNK_TARGET_BYTES, and small
+    enough that two chunks fit in one segment (a chunk just over half a segment would fill
+    one alone, and every chunk would cost a segment roll)."""
+    room = (segment_bytes - HEADER_SIZE) // 2
+    return max(1, min(CHUNK_TARGET_BYTES, int(room * (1 - CHUNK_SLACK))))
 
 
 class _ChunkWriting:
@@ -138,10 +150,16 @@ class _Writing:
                writing: _ChunkWriting) -> int:
         # Without a key, each Arrow batch is sliced (zero-copy) over all partitions in turn,
         # so that even one task fills every partition; slices bound for one partition are
-        # gathered into chunks of up to CHUNK_TARGET_BYTES. With a key, the store routes rows.
+        # gathered into chunks of up to chunk_target(). With a key, the store routes rows.
         pending: dict[int | None, list[pa.RecordBatch]] = {}
         sizes: dict[int | None, int] = {}
         records = 0
+        target = chunk_target(topic.store.config["log.segment.bytes"])
+        # Partitions fill at one rate, so chunks of equal size would come due together and
+        # queue up behind the writing thread while Spark waits; the first chunk of the i-th
+        # of k partitions is cut at (i+1)/k of the target, and one comes due at a time.
+        limits: dict[int | None, int] = {}
+        spread = 1 if self.opts.key is not None else topic.partitions
 
         def write(p: int | None, batches: list[pa.RecordBatch]) -> list[ChunkRef]:
             # One record batch per chunk: readers then hand Spark a few big batches instead
@@ -155,14 +173,19 @@ class _Writing:
         def flush(p: int | None) -> None:
             batches = pending.pop(p, [])
             sizes.pop(p, None)
+            limits[p] = target
             if batches:
                 writing.submit(lambda: write(p, batches))
 
         def add(p: int | None, batch: pa.RecordBatch) -> None:
-            pending.setdefault(p, []).append(batch)
-            sizes[p] = sizes.get(p, 0) + batch.nbytes
-            if sizes[p] >= CHUNK_TARGET_BYTES:
+            size = batch.nbytes
+            limit = limits.get(p)
+            if limit is None:
+                limit = limits[p] = max(1, target * (len(limits) % spread + 1) // spread)
+            if p in sizes and sizes[p] + size > limit:
                 flush(p)
+            pending.setdefault(p, []).append(batch)
+            sizes[p] = sizes.get(p, 0) + size
 
         for batch in iterator:
             n = batch.num_rows

@@ -87,6 +87,20 @@ class TierContract:
         w.close()
         self._check_read_back(tier.segment_path("t", 1, 4), spans)
 
+    def test_deferred_seal_is_seen_at_once_and_flushed_with_the_chunks(self, tier):
+        w = tier.create_segment("t", 2, 5, 100)
+        spans, end = self._append(w, 4, durable=False)
+        w.seal(durable=False)
+        other = tier.open_segment(tier.segment_path("t", 2, 5))
+        assert other.header().sealed and other.header().end == end
+        other.close()
+        w.sync()
+        w.close()
+        again = tier.open_segment(tier.segment_path("t", 2, 5))
+        assert again.header().sealed
+        again.close()
+        self._check_read_back(tier.segment_path("t", 2, 5), spans)
+
     def test_seal_is_durable_and_seen_by_a_new_writer(self, tier):
         w = tier.create_segment("t", 0, 1, 100)
         w.seal()

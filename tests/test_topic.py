@@ -96,6 +96,13 @@ def test_deferred_chunks_are_synced_once_then_committed_across_segment_rolls(tmp
         refs += topic.write_chunks(make_batch(i * 300, 300), partition=i % 3, durable=False)
     assert len({(r.partition, r.seq) for r in refs}) >= 6
     assert topic.latest_offsets() == {0: 0, 1: 0, 2: 0}
+    # Rolled segments are sealed at once (another handle appends after them), while their
+    # flush runs in the background until sync.
+    other = Store.open(str(tmp_path / "s")).topic("t")
+    for r in refs:
+        if (r.seq, r.tier) != other.active_segment(r.partition):
+            tier = store.tier(r.tier)
+            assert tier.read_header(tier.segment_path("t", r.partition, r.seq)).sealed
     topic.sync()
     topic.commit(refs)
     for p in range(3):

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,6 +129,9 @@ class Topic:
         self._lock = threading.RLock()
         self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
         self._unsynced: set[int] = set()  # partitions with chunks written with durable=False
+        # Segments rolled out while holding deferred chunks, being flushed and closed.
+        self._flushing: list[Future[None]] = []
+        self._flusher: ThreadPoolExecutor | None = None
         self._rr = random.randrange(1 << 16)
         self._known_checkpoint = self._log.last_checkpoint() or 0
 
@@ -231,9 +235,14 @@ class Topic:
     def sync(self) -> None:
         """Make durable every chunk this handle wrote with ``durable=False``.
 
-        Thread-safe. A segment rolled since was sealed, which flushed it already."""
+        Thread-safe. Segments rolled since are flushed in the background as they are
+        rolled; this waits for them too."""
         with self._lock:
             parts, self._unsynced = self._unsynced, set()
+            flushing, self._flushing = self._flushing, []
+        errors = [e for e in (f.exception() for f in flushing) if e is not None]
+        if errors:
+            raise errors[0]
         for p in sorted(parts):
             with self.store.partition_lock(self.name, p):
                 cached = self._writers.get(p)
@@ -270,13 +279,13 @@ class Topic:
             tmin, tmax = _time_range(chunk, ts_col)
         written = _now_ms()
         with self.store.partition_lock(self.name, p):
-            seq, tier, w = self._active_writer(p, chunk.size)
+            seq, tier, w = self._active_writer(p, chunk.size, durable)
             hdr = w.header()
             pos = align(hdr.end)
             aged = hdr.end > HEADER_SIZE and written - hdr.created_ms > self._setting(
                 "log.segment.ms")
             if hdr.sealed or aged or pos + chunk.size > w.capacity():
-                seq, tier, w = self._roll(p, seq, w, chunk.size)
+                seq, tier, w = self._roll(p, seq, w, chunk.size, durable)
                 pos = align(w.header().end)
             crc = w.write_chunk(pos, chunk)
             w.set_end(pos + chunk.size, durable)
@@ -289,7 +298,8 @@ class Topic:
     def _pointer_path(self, p: int) -> str:
         return os.path.join(partitions_dir(self.store.root, self.name), f"{p}.active")
 
-    def _active_writer(self, p: int, need: int) -> tuple[int, Tier, SegmentWriter]:
+    def _active_writer(self, p: int, need: int, durable: bool = True
+                       ) -> tuple[int, Tier, SegmentWriter]:
         try:
             with open(self._pointer_path(p), "rb") as f:
                 ptr = json.loads(f.read())
@@ -301,7 +311,7 @@ class Topic:
         if cached is not None and cached[0] == (seq, tier_no):
             return seq, tier, cached[1]
         if cached is not None:
-            cached[1].close()
+            self._retire(cached[1], durable)
         try:
             w = tier.open_segment(tier.segment_path(self.name, p, seq))
         except FileNotFoundError:
@@ -313,11 +323,25 @@ class Topic:
         self._writers[p] = ((seq, tier_no), w)
         return seq, tier, w
 
-    def _roll(self, p: int, seq: int | None, old: SegmentWriter | None, need: int
-              ) -> tuple[int, Tier, SegmentWriter]:
-        """Seal the active segment and start the next one (caller holds the partition lock)."""
+    def _retire(self, w: SegmentWriter, durable: bool) -> None:
+        """Close a writer that is no longer the active segment's. One rolled out by a
+        deferred append is flushed and closed on a thread of this handle, so the device
+        writes it while the appends go on; :meth:`sync` waits for it."""
+        if durable:
+            w.close()
+            return
+        with self._lock:
+            if self._flusher is None:
+                self._flusher = ThreadPoolExecutor(1, thread_name_prefix="pafka-flush")
+            self._flushing.append(self._flusher.submit(w.close))
+
+    def _roll(self, p: int, seq: int | None, old: SegmentWriter | None, need: int,
+              durable: bool = True) -> tuple[int, Tier, SegmentWriter]:
+        """Seal the active segment and start the next one (caller holds the partition lock).
+        A deferred append (``durable=False``) leaves the old segment's flush to
+        :meth:`_retire`."""
         if old is not None:
-            old.seal()
+            old.seal(durable)
             crash_point("segment.roll.sealed")
         new_seq = 0 if seq is None else seq + 1
         tier, w = self.store.place_segment(self.name, p, new_seq, need)
@@ -326,7 +350,7 @@ class Topic:
                      json.dumps({"seq": new_seq, "tier": tier.number}).encode())
         cached = self._writers.pop(p, None)
         if cached is not None:
-            cached[1].close()
+            self._retire(cached[1], durable)
         self._writers[p] = ((new_seq, tier.number), w)
         log.debug("topic %s partition %d: rolled to segment %s on tier %d", self.name, p,
                   segment_id(p, new_seq), tier.number)
@@ -602,9 +626,14 @@ class Topic:
         return {g: {int(p): o for p, o in offs.items()} for g, offs in st.positions.items()}
 
     def close(self) -> None:
+        """Flush and release every segment writer this handle holds."""
+        self.sync()
         for _, w in self._writers.values():
             w.close()
         self._writers.clear()
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
+            self._flusher = None
 
 
 def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_s: float,

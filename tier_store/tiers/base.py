@@ -48,9 +48,11 @@ class SegmentWriter(ABC):
         are)."""
 
     @abstractmethod
-    def seal(self) -> None:
-        """Mark the segment sealed; it and every chunk written before are durable on
-        return."""
+    def seal(self, durable: bool = True) -> None:
+        """Mark the segment sealed; with ``durable``, it and every chunk written before are
+        durable on return, otherwise they wait for :meth:`sync` or :meth:`close` (the
+        partition's pointer, not this flag, says which segment is active, so the flag may
+        reach the disk late)."""
 
     @abstractmethod
     def close(self) -> None:

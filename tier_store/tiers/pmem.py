@@ -34,6 +34,7 @@ class PmemSegmentWriter(SegmentWriter):
         self._map = libpmem.PmemMapping.open(path)
         self._dirty: tuple[int, int] | None = None  # chunk bytes written, not yet flushed
         self._end_dirty = False
+        self._seal_dirty = False
 
     def header(self) -> SegmentHeader:
         return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
@@ -71,11 +72,17 @@ class PmemSegmentWriter(SegmentWriter):
         if self._end_dirty:
             self._map.flush(END_OFFSET, WORD.size)
             self._end_dirty = False
+        if self._seal_dirty:
+            self._map.flush(SEALED_OFFSET, WORD.size)
+            self._seal_dirty = False
 
-    def seal(self) -> None:
-        self.sync()
+    def seal(self, durable: bool = True) -> None:
+        if durable:
+            self.sync()
         self._set_word(SEALED_OFFSET, 1)
-        self._map.flush(SEALED_OFFSET, WORD.size)
+        self._seal_dirty = True
+        if durable:
+            self.sync()
 
     def close(self) -> None:
         if self._map.addr is not None:
