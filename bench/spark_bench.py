@@ -299,6 +299,18 @@ def rounds(fns: dict[str, Callable[[int], float]], repeat: int) -> dict[str, lis
     return out
 
 
+def fsync_tree(path: str) -> None:
+    """fsync every file and directory under ``path``: what it takes to make Spark's output
+    as durable as a pafka commit (Spark's file commit protocol never syncs)."""
+    for d, _, fs in os.walk(path):
+        for name in [*fs, "."]:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
 def dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
@@ -372,11 +384,18 @@ def bench_sink(src: DataFrame, data: str, repeat: int, rows: int) -> dict:
             shutil.rmtree(path)
         return dt
 
+    def parquet_durable(i: int) -> float:
+        path = os.path.join(data, f"parquet-durable-{i}")
+        dt = timed(lambda: (src.write.parquet(path), fsync_tree(path)))
+        shutil.rmtree(path)
+        return dt
+
     def null(i: int) -> float:
         return timed(lambda: src.write.format("bench_null").mode("append").save())
 
     times = rounds({"pafka sink": pafka, "pafka sink direct": lambda i: pafka(i, DIRECT),
-                    "parquet sink": parquet, "null sink": null}, repeat)
+                    "parquet sink": parquet, "parquet sink durable": parquet_durable,
+                    "null sink": null}, repeat)
     return {"times": times, "bytes": {"pafka": dir_bytes(os.path.join(data, "store-0")),
                                       "parquet": dir_bytes(os.path.join(data, "parquet-0"))}}
 
@@ -538,6 +557,19 @@ def machine() -> str:
             f"{pa.__version__}")
 
 
+def sink_summary(sink: dict, rows: int) -> str:
+    """Medians and the ratios to the pafka sink, for a run of the sinks alone."""
+    times = sink["times"]
+    ours = times["pafka sink"][1:]
+    lines = []
+    for k, v in times.items():
+        med = statistics.median(v[1:])
+        r = statistics.median(p / o for p, o in zip(v[1:], ours, strict=True))
+        lines.append(f"{k:24s} {med:6.2f} s  {rows / med / 1e6:5.2f} M rows/s  "
+                     f"its time / pafka sink's time: {r:.2f}")
+    return "\n".join(lines + cpu_rows(rows))
+
+
 def cpu_rows(rows: int) -> list[str]:
     scale = 10_000_000 / rows
     out = []
@@ -575,6 +607,7 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
          "direct": ratio("parquet sink", "pafka sink direct"),
          "direct/null": ratio("null sink", "pafka sink direct"),
          "null": ratio("parquet sink", "null sink"),
+         "durable": ratio("parquet sink durable", "pafka sink"),
          "pafka/null": ratio("null sink", "pafka sink"),
          "b_ceil": ratio("ceiling source", "pafka source"),
          "b_pq": ratio("parquet source", "pafka source"),
@@ -617,6 +650,8 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         row("`df.write.format(\"pafka\")`", "pafka sink"),
         row(f"the same with `log.file.direct.bytes={DIRECT}` (O_DIRECT)", "pafka sink direct"),
         row("`df.write.parquet` (snappy)", "parquet sink"),
+        row("the same, then every file fsynced (as durable as a pafka commit)",
+            "parquet sink durable"),
         row("Python `DataSourceArrowWriter` that drops its input (sink ceiling)", "null sink"),
         row(f"`spark.read.format(\"pafka\")` → noop ({src['parts']} partitions)",
             "pafka source"),
@@ -651,6 +686,7 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         f"{verdict(lat['p50'] <= TARGETS['p50'])} |",
         f"| pafka batch source vs `spark.read.parquet` | {r['b_pq']:.2f}× | — |",
         f"| pafka streaming source vs the file stream source | {r['s_pq']:.2f}× | — |",
+        f"| pafka sink vs Parquet fsynced | {r['durable']:.2f}× | — |",
         f"| sink ceiling (drop-everything Python sink) vs Parquet sink | {r['null']:.2f}× | — |",
         f"| pafka sink vs the sink ceiling | {r['pafka/null']:.2f}× (O_DIRECT: "
         f"{r['direct/null']:.2f}×) | — |",
@@ -669,24 +705,29 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "many partitions as the pafka read planned. The sink ceiling is a "
         "`DataSourceArrowWriter` whose `write()` iterates over its batches and drops them: "
         "what Spark's JVM → Arrow → Python transfer costs before any storing.", "",
-        "**Where the sink's time goes.** Each task combines and writes its chunks on a thread "
-        "of its own (at most two in flight) and flushes every segment it touched once, at its "
-        "end, before the driver commits. Measured through Spark on this VM (10M rows, medians "
-        "of 3, peers in the same run): a flush per chunk, written inline, cost 8.3–8.7 s "
-        "against 7.0 s with the flush deferred; the thread took the page-cache sink from 7.96 "
-        "to 7.54 s and the O_DIRECT one from 7.29 to 6.37 s (Parquet 6.57 s). What is left "
-        "over the drop-everything sink is the kernel's copy of every byte into the page cache "
-        "(`copy_folio_from_iter_atomic`, about 2 s of system CPU per 10M rows, slow and "
-        "variable on this VM, whose fresh memory pages are expensive to touch; Parquet pays "
-        "it too for its 857 MB) and page faults of the socket reads, since the task holds "
-        "Spark's batches (glibc heap memory) until a chunk is full: glibc `mallopt` "
-        "thresholds that keep the heap cut them from 300k to 8k and system CPU by 0.9 s, "
-        "without a wall-time gain beyond the spread. Writing chunks with O_DIRECT from a "
-        "reused page-aligned buffer removes the copy (second row); it is an option, "
-        "`log.file.direct.bytes`, off by default, because readers of fresh data then read "
-        "from the device instead of the page cache (`bench/store_bench.py`'s read right after "
-        "the write fell to 0.06× plain IPC with it). `sync_file_range` to start the writeback "
-        "of each chunk early did not help either.", "",
+        "**Where the sink's time goes.** Each task writes its chunks on a thread of its own "
+        "(at most two in flight) and makes them durable once, at its end, before the driver "
+        "commits (a flush per chunk, inline, cost 8.3–8.7 s against 7.0 s deferred; the thread "
+        "took 7.96 s to 7.54 s). Since the last report: chunks are cut so that two fill a "
+        "64 MiB segment (a 32 MiB chunk just over half a segment rolled one per chunk, and each "
+        "roll's fdatasync stalled the writing thread, 0.9–1.3 s per task); a rolled segment is "
+        "flushed on a background thread; the partitions' first chunks are staggered so that "
+        "one comes due at a time (four fell due together and queued behind the thread while "
+        "Spark waited: 1.6–1.8 s of waiting per task, now 0.2–0.4 s); and the kernel is asked "
+        "to start each chunk's writeback as soon as it is written (`sync_file_range`), so the "
+        "flush at the task's end waits 0.05 s instead of 0.4 s. What is left over the "
+        "drop-everything sink is the kernel's work on 1.2 GB (the copy into the page cache "
+        "and the writeback: about 2 s of system CPU in the Python workers per 10M rows, and "
+        "about 1 s more that the hypervisor steals from this VM's two cores for the disk I/O) "
+        "and the disk itself: `dd` writes 280 MB/s here through the page cache with "
+        "fdatasync and 486 MB/s with O_DIRECT, so 1.2 GB made durable is 2.5–4.4 s of device "
+        "time, overlapped with Spark's work. Parquet writes into the page cache and never "
+        "syncs; the fsynced Parquet row is what the same guarantee costs it. O_DIRECT "
+        "(`log.file.direct.bytes`, second row) removes the copy but not the device time, and "
+        "is off by default: readers of fresh data then read from the device "
+        "(`bench/store_bench.py`'s read right after the write fell to 0.06× plain IPC with "
+        "it). Glibc `mallopt` thresholds that keep the heap (page faults 100k → 10k) and "
+        "chunks of 4, 8 or 16 MiB made no difference beyond the spread.", "",
         f"**Latency.** A producer thread in the driver process appends {lat['commits']} "
         f"batches of {lat['per_commit']} rows with `Topic.append` (durable and visible on "
         f"return; round-robin over {TOPIC_PARTITIONS} partitions), one every "
@@ -730,6 +771,8 @@ def main() -> None:
                     help="seconds between the latency producer's appends")
     ap.add_argument("--latency-rows", type=int, default=100, help="rows per append")
     ap.add_argument("--keep", action="store_true", help="keep the data afterwards")
+    ap.add_argument("--sinks-only", action="store_true",
+                    help="run the sinks alone and print their summary (RESULTS.md untouched)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     rows = args.rows
@@ -743,6 +786,9 @@ def main() -> None:
         print(f"  generated and cached in {info['gen_s']:.1f} s", flush=True)
         print("sinks", flush=True)
         sink = bench_sink(src, data, args.repeat, rows)
+        if args.sinks_only:
+            print(sink_summary(sink, rows))
+            return
         src.unpersist()
         print("sources", flush=True)
         sources = bench_sources(spark, data, args.repeat, rows)
