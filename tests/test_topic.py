@@ -1,4 +1,5 @@
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -110,6 +111,36 @@ def test_deferred_chunks_are_synced_once_then_committed_across_segment_rolls(tmp
         assert keys == [k for i in range(p, 30, 3) for k in range(i * 300, i * 300 + 300)]
     assert check_topic(topic).ok
     topic.sync()  # nothing left: a no-op
+
+
+def test_threads_sharing_a_handle_write_deferred_chunks_sync_and_commit_at_once(tmp_path):
+    store = Store.open(str(tmp_path / "s"), {"log.segment.bytes": "64k"})
+    topic = store.create_topic("t", SCHEMA, partitions=2)
+    errors = []
+
+    def writer(w: int) -> None:
+        try:
+            for round_ in range(4):
+                refs = []
+                for i in range(6):  # rolls segments that other threads' chunks share
+                    start = ((w * 4 + round_) * 6 + i) * 200
+                    refs += topic.write_chunks(make_batch(start, 200), partition=i % 2,
+                                               durable=False)
+                topic.sync()
+                topic.commit(refs)
+        except Exception as e:  # surfaced below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    got = sorted(read_all(topic, 0) + read_all(topic, 1))
+    assert got == list(range(3 * 4 * 6 * 200))
+    assert check_topic(topic).ok
+    store.close()
 
 
 def test_one_commit_is_atomic_across_partitions(file_store):

@@ -132,6 +132,7 @@ class Topic:
         # Segments rolled out while holding deferred chunks, being flushed and closed.
         self._flushing: list[Future[None]] = []
         self._flusher: ThreadPoolExecutor | None = None
+        self._sync_lock = threading.Lock()
         self._rr = random.randrange(1 << 16)
         self._known_checkpoint = self._log.last_checkpoint() or 0
 
@@ -237,17 +238,23 @@ class Topic:
 
         Thread-safe. Segments rolled since are flushed in the background as they are
         rolled; this waits for them too."""
-        with self._lock:
-            parts, self._unsynced = self._unsynced, set()
-            flushing, self._flushing = self._flushing, []
-        errors = [e for e in (f.exception() for f in flushing) if e is not None]
-        if errors:
-            raise errors[0]
-        for p in sorted(parts):
-            with self.store.partition_lock(self.name, p):
-                cached = self._writers.get(p)
-                if cached is not None:
-                    cached[1].sync()
+        # One sync at a time: a second caller must not return while the first is still
+        # flushing chunks it also wrote.
+        with self._sync_lock:
+            with self._lock:
+                parts, self._unsynced = self._unsynced, set()
+            for p in sorted(parts):
+                with self.store.partition_lock(self.name, p):
+                    cached = self._writers.get(p)
+                    if cached is not None:
+                        cached[1].sync()
+            # Taken after the partitions: a segment rolled out before its partition was
+            # synced above was queued for its flush before that, so it is in this list.
+            with self._lock:
+                flushing, self._flushing = self._flushing, []
+            errors = [e for e in (f.exception() for f in flushing) if e is not None]
+            if errors:
+                raise errors[0]
 
     def _route(self, table: pa.Table, key: str) -> list[tuple[int, pa.Table]]:
         parts = partition_of(table.column(key), self._state.partitions)
