@@ -7,7 +7,7 @@ bytes, computed when it is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -120,3 +120,53 @@ def read_chunk(buf: pa.Buffer, where: str) -> Iterator[pa.RecordBatch]:
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
         raise CorruptSegment(f"{where}: the chunk is not a readable Arrow IPC stream ({e})"
                              ) from None
+
+
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an IPC stream's end marker
+
+
+class ChunkDecoder:
+    """Decodes a run of chunks of one topic (zero-copy unless compressed).
+
+    A chunk is an IPC stream: the schema, record batches, the end marker. Opening a stream
+    reader parses the schema again for every chunk, which is most of the cost of reading a
+    small one; once a chunk has been read so, a chunk that starts with the same schema
+    message and holds a single record batch is decoded from that batch's message alone.
+    Anything else (several batches, dictionaries, another schema) takes the general path.
+    """
+
+    def __init__(self) -> None:
+        self._schema: pa.Schema | None = None
+        self._prefix: pa.Buffer | None = None
+
+    def batches(self, buf: pa.Buffer, where: Callable[[], str]) -> list[pa.RecordBatch]:
+        """The chunk's record batches; ``where`` names the chunk in an error."""
+        one = self._single(buf)
+        if one is not None:
+            return [one]
+        try:
+            reader = pa.ipc.open_stream(buf)
+            out = list(reader)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+            raise CorruptSegment(f"{where()}: the chunk is not a readable Arrow IPC stream "
+                                 f"({e})") from None
+        if self._prefix is None:
+            self._schema = reader.schema
+            self._prefix = reader.schema.serialize()
+        return out
+
+    def _single(self, buf: pa.Buffer) -> pa.RecordBatch | None:
+        prefix = self._prefix
+        if prefix is None or buf.size < prefix.size + 16 or \
+                not buf.slice(0, prefix.size).equals(prefix):
+            return None
+        try:
+            msg = pa.ipc.read_message(buf.slice(prefix.size))
+            if msg.type != "record batch":
+                return None
+            end = prefix.size + 8 + msg.metadata.size + msg.body.size
+            if end + len(_EOS) != buf.size or buf.slice(end).to_pybytes() != _EOS:
+                return None
+            return pa.ipc.read_record_batch(msg, self._schema)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+            return None  # the general path reads it or names what is wrong

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .chunk import checksum, read_chunk
+from .chunk import ChunkDecoder, checksum
 from .errors import CorruptSegment, DataLoss
 
 
@@ -79,6 +80,10 @@ class MappedFiles:
         self._lock = threading.Lock()
 
     def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
+        return self.whole(path, pos, length).slice(pos, length)
+
+    def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
+        """The mapping of ``path``, which holds ``[pos, pos + length)``."""
         st = os.stat(path)  # FileNotFoundError for a missing file
         with self._lock:
             hit = self._maps.get(path)
@@ -94,7 +99,7 @@ class MappedFiles:
         if pos + length > buf.size:
             raise CorruptSegment(f"{path}: chunk [{pos}, {pos + length}) lies past the file's "
                                  f"end ({buf.size} bytes)")
-        return buf.slice(pos, length)
+        return buf
 
     def clear(self) -> None:
         with self._lock:
@@ -113,13 +118,30 @@ def read_range(path: str, pos: int, length: int) -> pa.Buffer:
     return MAPS.slice(path, pos, length)
 
 
+REVALIDATE_S = 1.0
+
+
 def execute(plan: ReadPlan, verify: bool = False, replan: bool = True
             ) -> Iterator[PlannedBatch]:
     """Yield the plan's records as Arrow batches, zero-copy from memory-mapped chunks."""
     at_offset = plan.start
+    decoder = ChunkDecoder()
+    # The mapping of the segment being read: its next chunks are sliced from it without a
+    # stat of the file each. It is checked again (is the path still that file?) at least
+    # every REVALIDATE_S, far within log.cleanup.grace.ms, after which a moved segment's
+    # file may be reused.
+    mapped: tuple[str, pa.Buffer, float] | None = None
     for i, c in enumerate(plan.chunks):
         try:
-            buf = read_range(c.path, c.pos, c.length)
+            if mapped is not None and mapped[0] == c.path and \
+                    c.pos + c.length <= mapped[1].size and \
+                    time.monotonic() - mapped[2] < REVALIDATE_S:
+                buf = mapped[1].slice(c.pos, c.length)
+            elif "://" in c.path:
+                buf = read_range(c.path, c.pos, c.length)
+            else:
+                mapped = (c.path, MAPS.whole(c.path, c.pos, c.length), time.monotonic())
+                buf = mapped[1].slice(c.pos, c.length)
         except FileNotFoundError:
             if not replan:
                 raise DataLoss(
@@ -132,14 +154,16 @@ def execute(plan: ReadPlan, verify: bool = False, replan: bool = True
                                    plan.end)
             yield from execute(rest, verify, replan=False)
             return
-        where = (f"{plan.topic}/{plan.partition} offsets {c.base}..{c.base + c.records - 1} "
-                 f"in {c.path}")
+        def where(c: PlannedChunk = c) -> str:
+            return (f"{plan.topic}/{plan.partition} offsets {c.base}..{c.base + c.records - 1} "
+                    f"in {c.path}")
+
         if verify and checksum(buf) != c.crc:
             raise CorruptSegment(f"topic {plan.topic!r} partition {plan.partition}: chunk with "
                                  f"offsets {c.base}..{c.base + c.records - 1} in {c.path} does "
                                  "not match its checksum")
         row = c.base
-        for batch in read_chunk(buf, where):
+        for batch in decoder.batches(buf, where):
             b0, b1 = row, row + batch.num_rows
             row = b1
             lo, hi = max(plan.start, b0), min(plan.end, b1)

@@ -534,6 +534,7 @@ class Topic:
                            f"were deleted by retention; the earliest offset is {earliest}")
         stop = latest if end is None else max(start, min(end, latest))
         chunks: list[PlannedChunk] = []
+        paths: dict[int, str] = {}  # a segment holds many chunks
         if start < stop:
             i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
             j = int(np.searchsorted(rows["base"], stop, side="left"))
@@ -542,7 +543,9 @@ class Topic:
                     sel["seq"].tolist(), sel["pos"].tolist(), sel["len"].tolist(),
                     sel["base"].tolist(), sel["n"].tolist(), sel["ts"].tolist(),
                     sel["crc"].tolist(), strict=True):
-                path = self._segment_path(p, seq, tiers[seq])
+                path = paths.get(seq)
+                if path is None:
+                    path = paths[seq] = self._segment_path(p, seq, tiers[seq])
                 chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
         return ReadPlan(self.store.root, self.name, p, start, max(start, stop), tuple(chunks))
 
