@@ -286,6 +286,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
         if writer is None:
             raise StoreFull(f"tier {target.number} ({target.path}) has no free pool file")
         mapping = writer._map
+        mapping.populate(0, need)
         out = mapping.buffer(0, mapping.length)
     else:
         used = store.used_bytes().get(target.number, 0)

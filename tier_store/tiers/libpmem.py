@@ -7,6 +7,7 @@ where ``pmem_is_pmem`` says the mapping is real persistent memory; elsewhere onl
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -83,12 +84,19 @@ class PmemMapping:
         if addr == ffi.NULL:
             msg = ffi.string(lib.pmem_errormsg()).decode(errors="replace")
             raise OSError(f"pmem_map_file({path}) failed: {msg}")
-        if _libc is not None:
-            # Page-table faults on first touch would make the first appends to a segment
-            # several times slower; take them all now, in bulk (best effort: older kernels
-            # refuse the advice and pages fault in on use).
-            _libc.madvise(addr, int(mapped[0]), _MADV_POPULATE_WRITE)
         return cls(path, addr, int(mapped[0]), bool(is_pmem[0]), ffi, lib)
+
+    def populate(self, pos: int, size: int) -> None:
+        """Map the pages of ``[pos, pos + size)`` writable in one call, before they are
+        written: page-table faults on first touch made an append several times slower.
+        Only the range about to be written: processes that share a segment each map just
+        what they write (the whole segment, in each, doubled the cost). Best effort: older
+        kernels refuse the advice and pages fault in on use."""
+        if _libc is None or size <= 0:
+            return
+        lo = pos - pos % mmap.PAGESIZE
+        hi = min(self.length, pos + size)
+        _libc.madvise(self._ffi.cast("char *", self.addr) + lo, hi - lo, _MADV_POPULATE_WRITE)
 
     def buffer(self, pos: int, size: int) -> Any:
         """A writable buffer over ``[pos, pos + size)`` of the mapping."""

@@ -43,6 +43,7 @@ class PmemSegmentWriter(SegmentWriter):
         return self._map.length
 
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
+        self._map.populate(pos, chunk.size)
         target = self._map.buffer(pos, chunk.size)
         # py_buffer over the cffi buffer is mutable; a slice of a mutable Arrow buffer or a
         # foreign_buffer is not, and writing through either aborts the process.
