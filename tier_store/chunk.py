@@ -48,11 +48,6 @@ class EncodedChunk:
         _write(sink, batches, schema, compression)
         return cls(batches, schema, sink.size(), records, compression)
 
-    @property
-    def encoded(self) -> pa.Buffer | None:
-        """The chunk's bytes if they were already encoded (compressed chunks), else None."""
-        return self._buffer
-
     def pieces(self) -> list[pa.Buffer | bytes]:
         """The chunk's bytes as a list of pieces whose concatenation is the IPC stream: the
         record batches' own buffers (no copy) between small metadata and padding pieces,
@@ -144,15 +139,10 @@ class ChunkDecoder:
         one = self._single(buf)
         if one is not None:
             return [one]
-        try:
-            reader = pa.ipc.open_stream(buf)
-            out = list(reader)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-            raise CorruptSegment(f"{where()}: the chunk is not a readable Arrow IPC stream "
-                                 f"({e})") from None
-        if self._prefix is None:
-            self._schema = reader.schema
-            self._prefix = reader.schema.serialize()
+        out = list(read_chunk(buf, where()))
+        if self._prefix is None and out:
+            self._schema = out[0].schema
+            self._prefix = self._schema.serialize()
         return out
 
     def _single(self, buf: pa.Buffer) -> pa.RecordBatch | None:

@@ -78,8 +78,7 @@ class PmemSegmentWriter(SegmentWriter):
             self._seal_dirty = False
 
     def seal(self, durable: bool = True) -> None:
-        if durable:
-            self.sync()
+        # sync flushes the chunks, then `end`, then this word: never sealed before its data.
         self._set_word(SEALED_OFFSET, 1)
         self._seal_dirty = True
         if durable:
