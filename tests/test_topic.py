@@ -425,3 +425,87 @@ def test_segment_older_than_segment_ms_is_rolled_on_the_next_append(tmp_path):
     segs = t.segments()
     assert len(segs) == 2 and segs[0].sealed and not segs[1].sealed
     assert read_all(t, 0) == list(range(30))
+
+
+def _record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
+    """(thread name, path) of every fsync and fdatasync from now on; each still runs."""
+    calls: list[tuple[str, str]] = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+
+        def recording(fd, real=real):
+            calls.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
+            return real(fd)
+        monkeypatch.setattr(os, name, recording)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["file", "pmem"])
+def test_deferred_rolls_leave_every_fsync_to_sync_which_covers_new_files_and_pointers(
+        kind, tmp_path, shm_dir, monkeypatch):
+    conf = {"log.segment.bytes": "64k"}
+    if kind == "pmem":
+        conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+                     "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
+                     "log.pmem.pool.ratio": 1.0})
+    store = Store.open(str(tmp_path / "s"), conf)
+    topic = store.create_topic("t", SCHEMA, partitions=2)
+    calls = _record_fsyncs(monkeypatch)
+    refs = []
+    for i in range(40):  # several rolls per partition
+        refs += topic.write_chunks(make_batch(i * 300, 300), partition=i % 2, durable=False)
+    segments = {(r.partition, r.seq, r.tier) for r in refs}
+    assert len(segments) >= 6
+    me = threading.current_thread().name
+    assert [c for c in calls if c[0] == me] == []  # rolls and appends waited on no flush
+    topic.sync()
+    synced = {path for _, path in calls}
+    parts = os.path.join(str(tmp_path / "s"), "t", "_partitions")
+    assert parts in synced
+    for p in range(2):
+        assert os.path.join(parts, f"{p}.active") in synced
+    for p, seq, tier in segments:
+        path = store.tier(tier).segment_path("t", p, seq)
+        assert os.path.dirname(path) in synced, path
+        if kind == "file":
+            assert path in synced, path
+    topic.commit(refs)
+    assert sorted(read_all(topic, 0) + read_all(topic, 1)) == list(range(40 * 300))
+    # Another handle appending to a segment this one rolled to makes the pointer and the
+    # segment's directory entry durable itself before its chunks can be committed.
+    other = Store.open(str(tmp_path / "s")).topic("t")
+    topic.write_chunks(make_batch(10**6, 300), partition=0, durable=False)  # rolls, unsynced
+    calls.clear()
+    ref = other.write_chunks(make_batch(2 * 10**6, 300), partition=0, durable=False)
+    other.sync()
+    seg = store.tier(ref[0].tier).segment_path("t", 0, ref[0].seq)
+    synced = {path for _, path in calls}
+    assert {os.path.join(parts, "0.active"), parts, os.path.dirname(seg)} <= synced
+    other.commit(ref)
+    assert 2 * 10**6 in read_all(other, 0)
+
+
+@pytest.mark.parametrize("pointer", [b"", b'{"seq": 1', b"\0" * 24])
+def test_an_unreadable_pointer_after_a_machine_crash_starts_a_segment_past_all_committed(
+        tmp_path, pointer, caplog):
+    root = str(tmp_path / "s")
+    store = Store.open(root, {"log.segment.bytes": "64k"})
+    topic = store.create_topic("t", SCHEMA, partitions=1)
+    for i in range(8):
+        topic.append(make_batch(i * 300, 300), partition=0)
+    last = max(s.seq for s in topic.state().segments.values())
+    store.close()
+    # What a deferred roll's rename can leave when the machine stops before sync.
+    with open(os.path.join(root, "t", "_partitions", "0.active"), "wb") as f:
+        f.write(pointer)
+    again = Store.open(root).topic("t")
+    assert again.active_segment(0) is None
+    assert "unreadable" in caplog.text and "0.active" in caplog.text
+    again.append(make_batch(8 * 300, 300), partition=0)
+    first = again.active_segment(0)
+    refs = again.write_chunks(make_batch(9 * 300, 300), partition=0, durable=False)
+    again.sync()
+    again.commit(refs)
+    assert first[0] == last + 1
+    assert read_all(again, 0) == list(range(10 * 300))
+    assert check_topic(again).ok

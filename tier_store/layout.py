@@ -107,22 +107,37 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_temp(directory: str, data: bytes) -> str:
-    """Write ``data`` to a new temporary file in ``directory``, fsynced; return its path."""
+def write_temp(directory: str, data: bytes, durable: bool = True) -> str:
+    """Write ``data`` to a new temporary file in ``directory`` (fsynced if ``durable``);
+    return its path."""
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     return tmp
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory.
+    Without ``durable`` the fsyncs are left to the caller (:func:`fsync_file`, then
+    :func:`fsync_dir`); until then a crash of the machine may leave the old contents, the
+    new ones, or an empty file."""
     d = os.path.dirname(path)
-    os.replace(write_temp(d, data), path)
-    fsync_dir(d)
+    os.replace(write_temp(d, data, durable), path)
+    if durable:
+        fsync_dir(d)
+
+
+def fsync_file(path: str) -> None:
+    """Make a file's contents durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

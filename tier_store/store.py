@@ -201,14 +201,15 @@ class Store:
             out.append(row)
         return out
 
-    def place_segment(self, topic: str, partition: int, seq: int, need: int
-                      ) -> tuple[Tier, SegmentWriter]:
-        """Create segment ``seq`` on the first local tier with room (placement rule)."""
+    def place_segment(self, topic: str, partition: int, seq: int, need: int,
+                      durable: bool = True) -> tuple[Tier, SegmentWriter]:
+        """Create segment ``seq`` on the first local tier with room (placement rule); see
+        :meth:`Tier.create_segment` for ``durable``."""
         used = self.used_bytes()
         for t in self.tiers:
             if not t.has_room(used.get(t.number, 0), need):
                 continue
-            w = t.create_segment(topic, partition, seq, need)
+            w = t.create_segment(topic, partition, seq, need, durable)
             if w is not None:
                 return t, w
         usage = "; ".join(

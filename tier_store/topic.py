@@ -31,7 +31,15 @@ from .crash import crash_point
 from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, PartitionsEntry, PositionEntry
 from .errors import CommitConflict, DataLoss, PafkaError, SchemaMismatch
 from .hashing import partition_of
-from .layout import log_dir, partitions_dir, segment_id, write_atomic
+from .layout import (
+    fsync_dir,
+    fsync_file,
+    log_dir,
+    parse_segment_id,
+    partitions_dir,
+    segment_id,
+    write_atomic,
+)
 from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .retention import segments_to_delete
@@ -129,6 +137,11 @@ class Topic:
         self._lock = threading.RLock()
         self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
         self._unsynced: set[int] = set()  # partitions with chunks written with durable=False
+        # Partitions whose active pointer this handle relies on but has not made durable: it
+        # rolled them with durable=False, or appends to a segment another handle rolled to.
+        # A commit must not name a chunk of that segment before the pointer is durable: after
+        # a crash an older pointer would lead a writer to create the segment again, empty.
+        self._pointer_unsynced: set[int] = set()
         # Segments rolled out while holding deferred chunks, being flushed and closed.
         self._flushing: list[Future[None]] = []
         self._flusher: ThreadPoolExecutor | None = None
@@ -243,11 +256,15 @@ class Topic:
         with self._sync_lock:
             with self._lock:
                 parts, self._unsynced = self._unsynced, set()
+            pointers = False
             for p in sorted(parts):
                 with self.store.partition_lock(self.name, p):
                     cached = self._writers.get(p)
                     if cached is not None:
                         cached[1].sync()
+                    pointers |= self._sync_pointer(p, with_dir=False)
+            if pointers:
+                fsync_dir(partitions_dir(self.store.root, self.name))
             # Taken after the partitions: a segment rolled out before its partition was
             # synced above was queued for its flush before that, so it is in this list.
             with self._lock:
@@ -296,7 +313,9 @@ class Topic:
                 pos = align(w.header().end)
             crc = w.write_chunk(pos, chunk)
             w.set_end(pos + chunk.size, durable)
-            if not durable:
+            if durable:
+                self._sync_pointer(p)
+            else:
                 with self._lock:
                     self._unsynced.add(p)
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
@@ -305,14 +324,58 @@ class Topic:
     def _pointer_path(self, p: int) -> str:
         return os.path.join(partitions_dir(self.store.root, self.name), f"{p}.active")
 
-    def _active_writer(self, p: int, need: int, durable: bool = True
-                       ) -> tuple[int, Tier, SegmentWriter]:
+    def _read_pointer(self, p: int) -> tuple[int, int] | None:
+        """(sequence, tier) named by partition ``p``'s pointer; None if it has none."""
         try:
             with open(self._pointer_path(p), "rb") as f:
-                ptr = json.loads(f.read())
+                raw = f.read()
         except FileNotFoundError:
-            return self._roll(p, None, None, need)
-        seq, tier_no = int(ptr["seq"]), int(ptr["tier"])
+            return None
+        try:
+            ptr = json.loads(raw)
+            return int(ptr["seq"]), int(ptr["tier"])
+        except (ValueError, KeyError, TypeError):
+            # A machine crash after a deferred roll can leave the renamed pointer empty. No
+            # commit names that roll's segment (sync makes the pointer durable first).
+            log.warning("topic %s partition %d: active pointer %s is unreadable (%r); "
+                        "the next append starts a new segment", self.name, p,
+                        self._pointer_path(p), raw[:64])
+            return None
+
+    def _sync_pointer(self, p: int, with_dir: bool = True) -> bool:
+        """Make partition ``p``'s pointer durable if this handle relies on it unsynced
+        (caller holds the partition lock); True if it did."""
+        with self._lock:
+            if p not in self._pointer_unsynced:
+                return False
+            self._pointer_unsynced.discard(p)
+        try:
+            fsync_file(self._pointer_path(p))
+            if with_dir:
+                fsync_dir(partitions_dir(self.store.root, self.name))
+        except BaseException:
+            with self._lock:
+                self._pointer_unsynced.add(p)
+            raise
+        return True
+
+    def _last_seq(self, p: int) -> int | None:
+        """The highest segment sequence partition ``p`` is known to have used: a new
+        segment after it cannot overwrite one that a commit names."""
+        st = self.state()
+        seqs = [s.seq for s in st.segments.values() if s.partition == p]
+        for key in st.tombstones:
+            sp, seq = parse_segment_id(key.split("@")[0])
+            if sp == p:
+                seqs.append(seq)
+        return max(seqs, default=None)
+
+    def _active_writer(self, p: int, need: int, durable: bool = True
+                       ) -> tuple[int, Tier, SegmentWriter]:
+        ptr = self._read_pointer(p)
+        if ptr is None:
+            return self._roll(p, self._last_seq(p), None, need, durable)
+        seq, tier_no = ptr
         tier = self.store.tier(tier_no)
         cached = self._writers.get(p)
         if cached is not None and cached[0] == (seq, tier_no):
@@ -326,7 +389,11 @@ class Topic:
             # start the next segment; what was lost is reported by readers as DataLoss.
             log.warning("topic %s partition %d: active segment %s is missing; rolling",
                         self.name, p, segment_id(p, seq))
-            return self._roll(p, seq, None, need)
+            return self._roll(p, max(seq, self._last_seq(p) or 0), None, need, durable)
+        # Created by another handle, which may not have made it and the pointer durable yet.
+        w.defer_entry(os.path.dirname(w.path))
+        with self._lock:
+            self._pointer_unsynced.add(p)
         self._writers[p] = ((seq, tier_no), w)
         return seq, tier, w
 
@@ -351,10 +418,17 @@ class Topic:
             old.seal(durable)
             crash_point("segment.roll.sealed")
         new_seq = 0 if seq is None else seq + 1
-        tier, w = self.store.place_segment(self.name, p, new_seq, need)
+        tier, w = self.store.place_segment(self.name, p, new_seq, need, durable)
         crash_point("segment.roll.created")
+        # Deferred: the new segment's file and the pointer are made durable by sync(), before
+        # any chunk in the segment can be committed.
         write_atomic(self._pointer_path(p),
-                     json.dumps({"seq": new_seq, "tier": tier.number}).encode())
+                     json.dumps({"seq": new_seq, "tier": tier.number}).encode(), durable)
+        with self._lock:
+            if durable:
+                self._pointer_unsynced.discard(p)
+            else:
+                self._pointer_unsynced.add(p)
         cached = self._writers.pop(p, None)
         if cached is not None:
             self._retire(cached[1], durable)
@@ -365,12 +439,7 @@ class Topic:
 
     def active_segment(self, p: int) -> tuple[int, int] | None:
         """(sequence, tier) of partition ``p``'s active segment, if it has one."""
-        try:
-            with open(self._pointer_path(p), "rb") as f:
-                ptr = json.loads(f.read())
-            return int(ptr["seq"]), int(ptr["tier"])
-        except FileNotFoundError:
-            return None
+        return self._read_pointer(p)
 
     # -- writing: step 2 ------------------------------------------------------------------
     def commit(self, refs: list[ChunkRef], writer_id: str | None = None,

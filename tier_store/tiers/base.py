@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from ..chunk import EncodedChunk
 from ..config import TierSpec
-from ..layout import segment_relpath
+from ..layout import fsync_dir, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
 
 
@@ -22,6 +22,18 @@ class SegmentWriter(ABC):
     """Appends chunks to one segment file. Not thread-safe: callers hold the partition lock."""
 
     path: str
+    # Directories whose entries for this file are not yet known to be durable: those of a
+    # segment created with durable=False, or opened by a writer that did not create it.
+    _entry_dirs: tuple[str, ...] = ()
+
+    def defer_entry(self, *dirs: str) -> None:
+        """Leave the fsync of ``dirs`` (this file's directory entries) to the next sync."""
+        self._entry_dirs = tuple(dict.fromkeys(self._entry_dirs + dirs))
+
+    def _sync_entry(self) -> None:
+        dirs, self._entry_dirs = self._entry_dirs, ()
+        for d in dirs:
+            fsync_dir(d)
 
     @abstractmethod
     def header(self) -> SegmentHeader:
@@ -44,8 +56,8 @@ class SegmentWriter(ABC):
 
     @abstractmethod
     def sync(self) -> None:
-        """Make every chunk and header word written so far durable (nothing to do if all
-        are)."""
+        """Make every chunk and header word written so far durable, and the file's directory
+        entry if it may not be (nothing to do if all are)."""
 
     @abstractmethod
     def seal(self, durable: bool = True) -> None:
@@ -82,9 +94,11 @@ class Tier(ABC):
         os.makedirs(self.path, exist_ok=True)
 
     @abstractmethod
-    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
-                       ) -> SegmentWriter | None:
-        """Create segment ``seq`` able to hold ``min_bytes`` of chunks; None if no room."""
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int,
+                       durable: bool = True) -> SegmentWriter | None:
+        """Create segment ``seq`` able to hold ``min_bytes`` of chunks; None if no room.
+        The file and its directory entry are durable on return, or with ``durable=False``
+        once the writer's first :meth:`SegmentWriter.sync` (or close) has returned."""
 
     @abstractmethod
     def open_segment(self, path: str) -> SegmentWriter:

@@ -199,6 +199,7 @@ class FileSegmentWriter(SegmentWriter):
         if self._unsynced:
             os.fdatasync(self._fd)
             self._unsynced = False
+        self._sync_entry()
 
     def seal(self, durable: bool = True) -> None:
         os.pwrite(self._fd, WORD.pack(1), SEALED_OFFSET)
@@ -222,8 +223,8 @@ class FileTier(Tier):
         super().__init__(spec, segment_bytes)
         self.direct_bytes = direct_bytes
 
-    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
-                       ) -> SegmentWriter | None:
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int,
+                       durable: bool = True) -> SegmentWriter | None:
         path = self.segment_path(topic, partition, seq)
         d = os.path.dirname(path)
         os.makedirs(d, exist_ok=True)
@@ -232,12 +233,18 @@ class FileTier(Tier):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.pwrite(fd, new_header(partition, seq).pack(), 0)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
-        fsync_dir(d)
-        return FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
-                                 self.direct_bytes)
+        w = FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
+                              self.direct_bytes)
+        if durable:
+            fsync_dir(d)
+        else:
+            w._unsynced = True
+            w.defer_entry(d)
+        return w
 
     def open_segment(self, path: str) -> SegmentWriter:
         w = FileSegmentWriter(path, self.segment_bytes, self.direct_bytes)

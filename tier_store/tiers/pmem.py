@@ -76,6 +76,7 @@ class PmemSegmentWriter(SegmentWriter):
         if self._seal_dirty:
             self._map.flush(SEALED_OFFSET, WORD.size)
             self._seal_dirty = False
+        self._sync_entry()
 
     def seal(self, durable: bool = True) -> None:
         # sync flushes the chunks, then `end`, then this word: never sealed before its data.
@@ -154,8 +155,8 @@ class PmemTier(Tier):
     def has_room(self, used: int, need: int) -> bool:
         return need <= self.segment_bytes - HEADER_SIZE and self.free_pool_files() > 0
 
-    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
-                       ) -> SegmentWriter | None:
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int,
+                       durable: bool = True) -> SegmentWriter | None:
         if min_bytes > self.segment_bytes - HEADER_SIZE:
             return None  # an oversized chunk cannot use a pool file
         path = self.segment_path(topic, partition, seq)
@@ -164,7 +165,7 @@ class PmemTier(Tier):
         if os.path.exists(path):
             # Leftover of a roll that crashed before switching the active pointer.
             self.release_segment(path)
-        w = self.take_pool_file(path)
+        w = self.take_pool_file(path, durable)
         if w is None:
             return None
         hdr = new_header(partition, seq).pack()
@@ -175,16 +176,21 @@ class PmemTier(Tier):
     def open_segment(self, path: str) -> SegmentWriter:
         return PmemSegmentWriter(path)
 
-    def take_pool_file(self, path: str) -> PmemSegmentWriter | None:
-        """Rename a free pool file to ``path`` and map it; None when the pool is empty."""
+    def take_pool_file(self, path: str, durable: bool = True) -> PmemSegmentWriter | None:
+        """Rename a free pool file to ``path`` and map it; None when the pool is empty.
+        With ``durable=False`` the renames are made durable by the writer's first sync."""
         for name in self._free_names():
             try:
                 os.rename(os.path.join(self.pool_dir, name), path)
             except FileNotFoundError:
                 continue  # another process took it first
-            fsync_dir(self.pool_dir)
-            fsync_dir(os.path.dirname(path))
-            return PmemSegmentWriter(path)
+            w = PmemSegmentWriter(path)
+            if durable:
+                fsync_dir(self.pool_dir)
+                fsync_dir(os.path.dirname(path))
+            else:
+                w.defer_entry(self.pool_dir, os.path.dirname(path))
+            return w
         return None
 
     def release_segment(self, path: str) -> None:

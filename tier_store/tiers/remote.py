@@ -69,8 +69,8 @@ class RemoteTier(Tier):
     def has_room(self, used: int, need: int) -> bool:
         return False  # appends need a local tier
 
-    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int
-                       ) -> SegmentWriter | None:
+    def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int,
+                       durable: bool = True) -> SegmentWriter | None:
         return None
 
     def open_segment(self, path: str) -> SegmentWriter:
