@@ -1,5 +1,6 @@
 """The remote tier through fsspec: a file:// URL and fsspec's in-memory filesystem."""
 
+import os
 import uuid
 
 import pytest
@@ -9,6 +10,7 @@ from tier_store import ConfigError, PafkaError, Store
 from tier_store.recovery import check_topic
 
 from .conftest import SCHEMA, make_batch, read_all
+from .test_topic import _record_fsyncs
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -86,3 +88,26 @@ def test_a_remote_first_tier_or_an_unknown_protocol_is_a_clear_error(tmp_path):
         Store.open(tmp_path / "b", {"log.channel.type": "tiered",
                                     "storage.tiers.types": "NVME,REMOTE",
                                     "storage.tiers.second.paths": "nosuchproto://bucket/x"})
+
+
+def test_a_segment_moved_to_a_local_remote_tier_is_durable_before_its_move_entry(
+        tmp_path, monkeypatch):
+    remote = str(tmp_path / "remote")
+    s = _store(tmp_path, f"file://{remote}")
+    t = _fill(s)
+    seg = t.segments()[0]
+    calls = _record_fsyncs(monkeypatch)
+    s.move_segment(seg.id, 2, topic="t")
+    synced = [path for _, path in calls]
+    moved = next(x for x in t.segments() if x.id == seg.id)
+    assert moved.tier == 2
+    pdir = os.path.join(remote, "t", "0")
+    publication = min(i for i, path in enumerate(synced)
+                      if path.startswith(os.path.join(s.root, "t", "_log")))
+    before = synced[:publication]
+    # The file (fsynced under its temp name, then renamed), its directory, and the parents
+    # of the new directories t/0/ and t/: all before the move entry is published.
+    assert any(os.path.dirname(path) == pdir and path != pdir for path in before), synced
+    assert {pdir, os.path.join(remote, "t"), remote} <= set(before), synced
+    assert not [n for n in os.listdir(pdir) if n.startswith(".tmp-")]
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(12_000))

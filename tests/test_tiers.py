@@ -1,6 +1,7 @@
 """The tier contract, one suite that every tier joins, plus what is particular to each."""
 
 import os
+import signal
 import subprocess
 import textwrap
 
@@ -14,6 +15,7 @@ from tier_store.segment import HEADER_SIZE, align
 from tier_store.tiers import FileTier, PmemTier
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+from .test_topic import _record_fsyncs
 
 SEG = 256 * 1024
 
@@ -112,6 +114,31 @@ class TierContract:
     def test_capacity_is_the_segment_size(self, tier):
         w = tier.create_segment("t", 0, 2, 100)
         assert w.capacity() == SEG
+        w.close()
+
+    def test_new_directories_are_durable_in_their_parents(self, tier, monkeypatch):
+        calls = _record_fsyncs(monkeypatch)
+        w = tier.create_segment("t", 0, 0, 100)
+        synced = {path for _, path in calls}
+        pdir = os.path.dirname(tier.segment_path("t", 0, 0))
+        tdir = os.path.dirname(pdir)
+        # <tier> holds the new t/, t/ the new 0/, 0/ the new segment.
+        assert {tier.path, tdir, pdir} <= synced, synced
+        w.close()
+        calls.clear()
+        w = tier.create_segment("t", 0, 1, 100)  # directories there: their parents not again
+        synced = {path for _, path in calls}
+        assert pdir in synced and not {tier.path, tdir} & synced
+        w.close()
+
+    def test_deferred_new_directories_are_made_durable_by_the_first_sync(self, tier,
+                                                                        monkeypatch):
+        calls = _record_fsyncs(monkeypatch)
+        w = tier.create_segment("t", 5, 0, 100, durable=False)
+        assert calls == []  # nothing waited on the disk yet
+        w.sync()
+        pdir = os.path.dirname(tier.segment_path("t", 5, 0))
+        assert {tier.path, os.path.dirname(pdir), pdir} <= {path for _, path in calls}
         w.close()
 
     def test_released_segment_is_gone_from_its_path(self, tier):
@@ -219,6 +246,33 @@ class TestPmemTier(TierContract):
 
     def test_a_chunk_larger_than_a_pool_file_does_not_fit(self, tier):
         assert tier.create_segment("t", 0, 0, SEG) is None
+
+
+def test_a_crash_while_preallocating_the_pool_is_completed_by_the_next_open(tmp_path,
+                                                                         shm_dir):
+    root = str(tmp_path / "s")
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0}
+    code = f"from tier_store import Store; Store.open({root!r}, {conf!r})"
+    # The first open dies making its fourth pool file, after _store.json was saved.
+    r = _run(code, dict(os.environ, PAFKA_CRASH_POINT="pool.create", PAFKA_CRASH_AFTER="3"))
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    pool = os.path.join(shm_dir, "_pool")
+    assert os.path.exists(os.path.join(root, "_store.json"))
+    assert len([n for n in os.listdir(pool) if n.endswith(".pool")]) == 3
+    assert [n for n in os.listdir(pool) if n.startswith(".tmp-")]
+    s = Store.open(root)
+    usage = next(u for u in s.tier_usage() if u["tier"] == 1)
+    assert usage["pool_files"] == 16 and usage["pool_free"] == 16
+    assert not [n for n in os.listdir(pool) if n.startswith(".tmp-")]  # the dead one's file
+    t = s.create_topic("t", SCHEMA)
+    for i in range(20):
+        t.append(make_batch(i * 200, 200))
+    in_use = sum(x.tier == 1 for x in t.segments())
+    # Opening again leaves a complete pool as it is.
+    again = next(u for u in Store.open(root).tier_usage() if u["tier"] == 1)
+    assert in_use > 0 and again["pool_free"] == 16 - in_use
 
 
 def test_pmem_store_falls_over_to_tier_two_when_the_pool_is_empty(tiered_store):

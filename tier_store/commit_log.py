@@ -15,15 +15,24 @@ Guarantees (the storage contract):
 * **Bounded size.** Every ``log.checkpoint.interval`` versions a checkpoint (the whole state,
   one Arrow IPC file) is written; entries and checkpoints older than the previous checkpoint
   are deleted once they are older than ``log.cleanup.grace.ms``.
+* **The checkpoint pointer only moves forward.** ``_last_checkpoint`` is re-read and replaced
+  under an ``flock`` of ``_last_checkpoint.lock`` (held for that alone and released by the
+  kernel when its process dies, so a crash leaves no lock behind): a committer that stalled
+  while others wrote newer checkpoints and cleaned up never points it back at a deleted one.
+  A pointer naming a missing checkpoint anyway (left by an older release) is survived: the
+  newest checkpoint present is read instead, then the entries after it.
 
 Thread-safety: a :class:`CommitLog` holds no mutable state; it is safe to share.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import time
+from collections.abc import Iterator
 
 import pyarrow as pa
 
@@ -31,6 +40,7 @@ from .crash import crash_point
 from .entries import Entry, decode
 from .errors import CorruptSegment, TopicNotFound
 from .layout import (
+    CHECKPOINT_LOCK,
     CHECKPOINT_SUFFIX,
     LAST_CHECKPOINT,
     TMP_PREFIX,
@@ -93,6 +103,15 @@ class CommitLog:
             raise TopicNotFound(f"topic {self.topic!r} has no commit log at {self.path}")
         cp = self.last_checkpoint()
         state = self._read_checkpoint(cp) if cp is not None else None
+        if state is None and (cp is not None or self.read_entry(0) is None):
+            # The pointer names a checkpoint that cleanup deleted (or there is no pointer and
+            # no entry 0): the newest checkpoint present is as good a start, and the entries
+            # after it are all there (cleanup never deletes past the newest checkpoint).
+            state = self._newest_checkpoint()
+            if state is not None:
+                log.warning("topic %s: _last_checkpoint in %s names checkpoint %s, which is "
+                            "missing; loading the newest checkpoint present (version %d)",
+                            self.topic, self.path, cp, state.version)
         if state is None:
             state = TopicState(self.topic)
             if self.read_entry(0) is None:
@@ -114,14 +133,29 @@ class CommitLog:
                     os.path.join(self.path, entry_name(state.version))):
                 return state
             cp = self.last_checkpoint()
-            if cp is not None and cp > state.version:
-                loaded = self._read_checkpoint(cp)
-                if loaded is not None:
-                    state = loaded
-                    continue
+            loaded = self._read_checkpoint(cp) if cp is not None and cp > state.version \
+                else None
+            if loaded is None:  # the pointer lags or names a deleted checkpoint: look
+                loaded = self._newest_checkpoint()
+            if loaded is not None and loaded.version > state.version:
+                state = loaded
+                continue
             if state.version < 0:
                 raise TopicNotFound(f"topic {self.topic!r}: no readable commit log at {self.path}")
             return state
+
+    def _newest_checkpoint(self) -> TopicState | None:
+        """The newest readable checkpoint in the directory, found by listing it (only when
+        the pointer cannot be used); None if there is none."""
+        for _ in range(3):  # a concurrent cleanup may delete what was listed: list again
+            versions = self.checkpoint_versions()
+            for v in reversed(versions):
+                state = self._read_checkpoint(v)
+                if state is not None:
+                    return state
+            if not versions:
+                return None
+        return None
 
     def _read_checkpoint(self, version: int) -> TopicState | None:
         path = os.path.join(self.path, checkpoint_name(version))
@@ -162,10 +196,29 @@ class CommitLog:
             os.unlink(tmp)
         fsync_dir(self.path)
         crash_point("checkpoint.pointer")
-        write_atomic(os.path.join(self.path, LAST_CHECKPOINT), str(state.version).encode())
+        with self._pointer_lock():
+            # Re-read under the lock: while this committer was writing (or stalled), others
+            # may have written newer checkpoints and cleaned up behind them, ours included.
+            previous = self.last_checkpoint()
+            if previous is not None and previous >= state.version:
+                log.debug("topic %s: checkpoint %d is already superseded by %d", self.topic,
+                          state.version, previous)
+                return
+            write_atomic(os.path.join(self.path, LAST_CHECKPOINT), str(state.version).encode())
         log.debug("topic %s: checkpoint at version %d", self.topic, state.version)
         if previous is not None:
             self.cleanup(previous, grace_ms)
+
+    @contextlib.contextmanager
+    def _pointer_lock(self) -> Iterator[None]:
+        """Hold the flock that orders updates of ``_last_checkpoint`` (across processes and,
+        each call opening its own file description, across threads)."""
+        fd = os.open(os.path.join(self.path, CHECKPOINT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def cleanup(self, keep_from: int, grace_ms: int) -> int:
         """Delete entries and checkpoints below ``keep_from`` (and stale temp files) that are

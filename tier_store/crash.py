@@ -43,3 +43,8 @@ def crash_point(name: str) -> None:
             _after -= 1
             return
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+STORE_POINTS = (
+    "pool.create",  # a pool file written to its temp name, not yet renamed into the pool
+)

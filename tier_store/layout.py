@@ -6,6 +6,7 @@ Under the store root::
     <topic>/_log/<20-digit>.json        commit-log entries, one per version
     <topic>/_log/<20-digit>.checkpoint  topic state at that version (Arrow IPC file)
     <topic>/_log/_last_checkpoint       version of the newest checkpoint
+    <topic>/_log/_last_checkpoint.lock  flock held while moving that pointer forward
     <topic>/_partitions/<p>.lock        flock held while appending a chunk to partition p
     <topic>/_partitions/<p>.active      JSON naming partition p's active segment
 
@@ -13,6 +14,8 @@ Under each tier directory::
 
     <topic>/<p>/<20-digit seq>.seg      a segment of partition p
     _pool/<6-digit slot>.pool           a free, pre-sized segment file (pmem tiers)
+    _pool/_complete                     pool size and file size of a complete pool
+    _pool/_lock                         flock held while completing the pool
 
 Numbers are zero-padded to 20 digits so that ``ls`` sorts them numerically.
 """
@@ -31,6 +34,9 @@ POOL_DIR = "_pool"
 ENTRY_SUFFIX = ".json"
 CHECKPOINT_SUFFIX = ".checkpoint"
 LAST_CHECKPOINT = "_last_checkpoint"
+CHECKPOINT_LOCK = "_last_checkpoint.lock"
+POOL_COMPLETE = "_complete"
+POOL_LOCK = "_lock"
 SEGMENT_SUFFIX = ".seg"
 POOL_SUFFIX = ".pool"
 TMP_PREFIX = ".tmp-"
@@ -107,7 +113,39 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_temp(directory: str, data: bytes, durable: bool = True) -> str:
+def makedirs_durable(path: str, durable: bool = True) -> list[str]:
+    """Create ``path`` and its missing parents so that they survive a crash of the machine:
+    the parent of each new directory is fsynced (a directory's own fsync does not cover its
+    entry in its parent). Returns those parents; with ``durable=False`` their fsyncs are left
+    to the caller (e.g. :meth:`SegmentWriter.defer_entry`). When ``path`` exists: no fsync,
+    returns ``[]``."""
+    if os.path.isdir(path):
+        return []
+    missing: list[str] = []
+    d = os.path.abspath(path)
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    parents: dict[str, None] = {}
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+            # Made by another process a moment ago, which may not have fsynced its parent
+            # yet: do it too rather than rely on it.
+        parents[os.path.dirname(d)] = None
+    if durable:
+        for d in parents:
+            fsync_dir(d)
+    return list(parents)
+
+
+def write_temp(directory: str, data: bytes | memoryview, durable: bool = True) -> str:
     """Write ``data`` to a new temporary file in ``directory`` (fsynced if ``durable``);
     return its path."""
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")

@@ -32,6 +32,7 @@ from .layout import (
     entry_name,
     fsync_dir,
     log_dir,
+    makedirs_durable,
     partitions_dir,
 )
 from .moves import MoveResult, move_segment
@@ -79,23 +80,25 @@ class Store:
         """
         root = os.path.abspath(os.fspath(root))
         given = load_config(config)
-        os.makedirs(root, exist_ok=True)
+        makedirs_durable(root)
         saved = _read_saved(root)
         if saved is None:
             effective = StoreConfig(given)
             layout = effective.layout(root)
-            created = _save(root, effective, layout)
-            if not created:  # another process created it first: validate against theirs
+            if not _save(root, effective, layout):
+                # another process created it first: validate against theirs
                 saved = _read_saved(root)
         if saved is not None:
             base = StoreConfig(parse_config(saved["config"]))
             _check_layout(root, base, given, saved["layout"])
             effective = base.with_overrides(given)
-            created = False
         tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
         for t in tiers:
             t.prepare()
-            if isinstance(t, PmemTier) and (created or _size_changed(t, saved)):
+            if isinstance(t, PmemTier):
+                # On every open, not only the first: a crash while pre-allocating (or a tier
+                # on RAM that lost its files) must not leave the pool short for good. Cheap
+                # once the pool is marked complete.
                 t.ensure_pool()
         return cls(root, effective, tiers)
 
@@ -130,9 +133,10 @@ class Store:
             raise ConfigError(f"{', '.join(fixed)} cannot be set per topic: it is part of the "
                               "store's layout")
         ldir = log_dir(self.root, name)
-        os.makedirs(ldir, exist_ok=True)
-        os.makedirs(partitions_dir(self.root, name), exist_ok=True)
-        fsync_dir(self.root)
+        # <topic>/ in the root and _log/, _partitions/ in <topic>/: all durable before the
+        # create entry can be.
+        makedirs_durable(ldir)
+        makedirs_durable(partitions_dir(self.root, name))
         entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
                             {k: _jsonable(v) for k, v in topic_conf.items()})
         if not CommitLog(ldir, name).publish(0, entry):
@@ -337,12 +341,3 @@ def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],
         if a != b:
             raise ConfigError(f"storage.tiers.{n}.paths={a} conflicts with the store at {root}, "
                               f"created with {b}; layout keys cannot change")
-
-
-def _size_changed(t: PmemTier, saved: dict[str, Any] | None) -> bool:
-    if saved is None:
-        return False
-    key = f"storage.tiers.{t.number}.sizes"
-    from .config import canonical_key
-    old = saved["config"].get(canonical_key(key))
-    return old is not None and int(old) != t.capacity

@@ -548,13 +548,33 @@ class Topic:
         return self.commit(self.write_chunks(data, partition, key, timestamp_column))
 
     def _after_commit(self) -> None:
+        """Housekeeping after a published commit: checkpoint, garbage, retention.
+
+        The commit is already visible, so a failure here is logged, not raised: a caller
+        told that its commit failed would retry it and, without a writer id, append its
+        records twice. A failed checkpoint is written by a later commit (at most
+        ``2 * log.checkpoint.interval`` versions on); garbage and retention run again too."""
         st = self._state
         interval = self._setting("log.checkpoint.interval")
         if st.version % interval == 0 or st.version - self._known_checkpoint >= 2 * interval:
-            self._log.write_checkpoint(st, self._setting("log.cleanup.grace.ms"))
-            self._known_checkpoint = st.version
-            self.store.collect_garbage(self)
-        self.apply_retention()
+            try:
+                self._log.write_checkpoint(st, self._setting("log.cleanup.grace.ms"))
+                self._known_checkpoint = st.version
+            except Exception as e:
+                self._housekeeping_failed(f"writing the checkpoint at version {st.version}", e)
+            try:
+                self.store.collect_garbage(self)
+            except Exception as e:
+                self._housekeeping_failed("collecting garbage", e)
+        try:
+            self.apply_retention()
+        except Exception as e:
+            self._housekeeping_failed("applying retention", e)
+
+    def _housekeeping_failed(self, what: str, e: Exception) -> None:
+        log.warning("topic %s: %s after committing version %d failed: %s: %s (the commit "
+                    "stands; this is retried after a later commit)", self.name, what,
+                    self._state.version, type(e).__name__, e)
 
     # -- retention --------------------------------------------------------------------------
     def apply_retention(self, now_ms: int | None = None) -> list[str]:

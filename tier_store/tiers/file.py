@@ -31,7 +31,7 @@ import pyarrow as pa
 from ..chunk import EncodedChunk, checksum, checksum_pieces
 from ..config import TierSpec
 from ..crash import crash_point
-from ..layout import fsync_dir
+from ..layout import fsync_dir, makedirs_durable
 from ..segment import END_OFFSET, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
 from .base import SegmentWriter, Tier, new_header
 
@@ -223,27 +223,40 @@ class FileTier(Tier):
         super().__init__(spec, segment_bytes)
         self.direct_bytes = direct_bytes
 
+    def prepare(self) -> None:
+        makedirs_durable(self.path)
+
     def create_segment(self, topic: str, partition: int, seq: int, min_bytes: int,
                        durable: bool = True) -> SegmentWriter | None:
         path = self.segment_path(topic, partition, seq)
         d = os.path.dirname(path)
-        os.makedirs(d, exist_ok=True)
-        # A file already there is the leftover of a roll that crashed before switching the
-        # active pointer: nothing references it, so it is safe to reuse.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # <tier>/<topic>/<p>: each new directory's entry in its parent must be durable too,
+        # inline or (deferred) with the segment's own entry at the writer's first sync.
+        new_dirs = makedirs_durable(d, durable)
+        w = None
         try:
-            os.pwrite(fd, new_header(partition, seq).pack(), 0)
-            if durable:
-                os.fsync(fd)
+            # A file already there is the leftover of a roll that crashed before switching
+            # the active pointer: nothing references it, so it is safe to reuse.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.pwrite(fd, new_header(partition, seq).pack(), 0)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            w = FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
+                                  self.direct_bytes)
         finally:
-            os.close(fd)
-        w = FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
-                              self.direct_bytes)
+            if w is None and not durable:
+                # No writer will sync the new directories' entries, and a later segment in
+                # them will not see them as new: make them durable now.
+                for nd in new_dirs:
+                    fsync_dir(nd)
         if durable:
             fsync_dir(d)
         else:
             w._unsynced = True
-            w.defer_entry(d)
+            w.defer_entry(d, *new_dirs)
         return w
 
     def open_segment(self, path: str) -> SegmentWriter:

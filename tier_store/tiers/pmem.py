@@ -2,22 +2,38 @@
 
 A pool of ``log.pmem.pool.ratio`` × capacity is pre-allocated (and its pages touched) when the
 store is created, as ``_pool/<n>.pool`` files of ``log.segment.bytes`` each, so the hot path
-never allocates or faults in fresh pages. A new segment takes a pool file by renaming it to the
+never allocates or faults in fresh pages. Every open completes the pool if a crash (or a tier
+on RAM losing its files) left it short; ``_pool/_complete`` marks a complete pool, so that
+check is one small read. A new segment takes a pool file by renaming it to the
 segment's path (atomic, so two processes never take the same file); a released segment is
 renamed back into the pool. Capacity is the pool, as in Pafka.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import logging
 import os
 import struct
+from collections.abc import Iterator
 
 import pyarrow as pa
 
 from ..chunk import EncodedChunk, checksum
 from ..crash import crash_point
-from ..layout import POOL_DIR, POOL_SUFFIX, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir
+from ..layout import (
+    POOL_COMPLETE,
+    POOL_DIR,
+    POOL_LOCK,
+    POOL_SUFFIX,
+    SEGMENT_SUFFIX,
+    TMP_PREFIX,
+    fsync_dir,
+    makedirs_durable,
+    write_atomic,
+)
 from ..segment import END_OFFSET, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
 from . import libpmem
 from .base import SegmentWriter, Tier, new_header
@@ -106,26 +122,79 @@ class PmemTier(Tier):
 
     def prepare(self) -> None:
         libpmem.load()  # fail early, naming the package, when libpmem is missing
-        os.makedirs(self.pool_dir, exist_ok=True)
+        makedirs_durable(self.pool_dir)
+
+    def _marker(self) -> bytes:
+        return json.dumps({"pool_files": self.pool_size,
+                           "segment_bytes": self.segment_bytes}).encode()
+
+    def _marked_complete(self) -> bool:
+        try:
+            with open(os.path.join(self.pool_dir, POOL_COMPLETE), "rb") as f:
+                return f.read() == self._marker()
+        except FileNotFoundError:
+            return False
+
+    @contextlib.contextmanager
+    def _pool_lock(self) -> Iterator[None]:
+        """Hold the flock that lets one process at a time complete the pool (released by
+        the kernel if it dies)."""
+        fd = os.open(os.path.join(self.pool_dir, POOL_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def ensure_pool(self) -> int:
-        """Create pool files until free + in-use ones reach :attr:`pool_size`; return created."""
+        """Complete the pool: remove temp files of processes that died creating a pool file,
+        then create pool files until free + in-use ones reach :attr:`pool_size`; return how
+        many were created. Idempotent; when ``_pool/_complete`` says the pool of this size is
+        complete, it only reads that marker.
+
+        Thread-safe and safe across processes (an flock), but a recount that runs while
+        other processes take or release pool files may be off by the files they move."""
         self.prepare()
-        in_use = 0
-        for dirpath, _dirs, files in os.walk(self.path):
-            if dirpath != self.pool_dir:
-                in_use += sum(f.endswith(SEGMENT_SUFFIX) for f in files)
-        free = self._free_names()
-        missing = self.pool_size - in_use - len(free)
-        slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
-        next_slot = max(slots, default=-1) + 1
-        for i in range(max(0, missing)):
-            self._create_pool_file(next_slot + i)
-        if missing > 0:
-            fsync_dir(self.pool_dir)
-            log.info("pmem tier %s: pre-allocated %d pool files of %d bytes", self.path,
-                     missing, self.segment_bytes)
+        if self._marked_complete():
+            return 0
+        with self._pool_lock():
+            if self._marked_complete():  # completed by another process while we waited
+                return 0
+            self._remove_dead_temp_files()
+            in_use = 0
+            for dirpath, _dirs, files in os.walk(self.path):
+                if dirpath != self.pool_dir:
+                    in_use += sum(f.endswith(SEGMENT_SUFFIX) for f in files)
+            free = self._free_names()
+            missing = self.pool_size - in_use - len(free)
+            slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
+            next_slot = max(slots, default=-1) + 1
+            for i in range(max(0, missing)):
+                self._create_pool_file(next_slot + i)
+            if missing > 0:
+                fsync_dir(self.pool_dir)
+                log.info("pmem tier %s: pre-allocated %d pool files of %d bytes", self.path,
+                         missing, self.segment_bytes)
+            # Only after every pool file is durable: a crash before this leaves no marker,
+            # and the next open completes the pool.
+            write_atomic(os.path.join(self.pool_dir, POOL_COMPLETE), self._marker())
         return max(0, missing)
+
+    def _remove_dead_temp_files(self) -> None:
+        """Delete ``.tmp-<pid>-<slot>`` pool files whose creating process is gone (caller
+        holds the pool lock, so no live process of this release is writing one)."""
+        for name in os.listdir(self.pool_dir):
+            if not name.startswith(TMP_PREFIX):
+                continue
+            pid = name[len(TMP_PREFIX):].split("-", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            try:
+                os.unlink(os.path.join(self.pool_dir, name))
+            except FileNotFoundError:
+                continue
+            log.info("pmem tier %s: removed %s, left by process %s that died creating a pool "
+                     "file", self.path, name, pid)
 
     def _create_pool_file(self, slot: int) -> None:
         tmp = os.path.join(self.pool_dir, f"{TMP_PREFIX}{os.getpid()}-{slot}")
@@ -141,6 +210,7 @@ class PmemTier(Tier):
             os.fsync(fd)
         finally:
             os.close(fd)
+        crash_point("pool.create")
         os.replace(tmp, os.path.join(self.pool_dir, f"{slot:06d}{POOL_SUFFIX}"))
 
     def _free_names(self) -> list[str]:
@@ -160,14 +230,23 @@ class PmemTier(Tier):
         if min_bytes > self.segment_bytes - HEADER_SIZE:
             return None  # an oversized chunk cannot use a pool file
         path = self.segment_path(topic, partition, seq)
-        d = os.path.dirname(path)
-        os.makedirs(d, exist_ok=True)
-        if os.path.exists(path):
-            # Leftover of a roll that crashed before switching the active pointer.
-            self.release_segment(path)
-        w = self.take_pool_file(path, durable)
+        new_dirs = makedirs_durable(os.path.dirname(path), durable)
+        w = None
+        try:
+            if os.path.exists(path):
+                # Leftover of a roll that crashed before switching the active pointer.
+                self.release_segment(path)
+            w = self.take_pool_file(path, durable)
+        finally:
+            if w is None and not durable:
+                # No writer will sync the new directories' entries, and a later segment in
+                # them will not see them as new: make them durable now.
+                for d in new_dirs:
+                    fsync_dir(d)
         if w is None:
             return None
+        if not durable:
+            w.defer_entry(*new_dirs)
         hdr = new_header(partition, seq).pack()
         w._map.buffer(0, HEADER_SIZE)[:] = hdr
         w._map.flush(0, HEADER_SIZE)
@@ -203,3 +282,13 @@ class PmemTier(Tier):
             os.rename(path, os.path.join(self.pool_dir, name))
             fsync_dir(self.pool_dir)
         fsync_dir(os.path.dirname(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -2,11 +2,15 @@
 
 Appends never go there: a segment arrives whole, written by a move, and is read by ranged
 reads. Object stores have no exclusive rename, so a move checks that the name is free and
-then writes the object in one piece (a write is visible only once complete).
+then writes the object in one piece (a write is visible only once complete, and durable: a
+completed PUT is). On a local filesystem (``file://``), whose writes are neither, a segment is
+written to a temporary file, fsynced and renamed, and its directory (with every new
+directory's parent) fsynced, before the move entry that names it can be published.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import PafkaError
-from ..layout import segment_relpath
+from ..layout import fsync_dir, makedirs_durable, segment_relpath, write_temp
 from ..segment import HEADER_SIZE, SegmentHeader
 from .base import SegmentWriter, Tier
 
@@ -58,13 +62,18 @@ class RemoteTier(Tier):
     def __init__(self, spec: Any, segment_bytes: int):
         super().__init__(spec, segment_bytes)
         self.fs, self.base = filesystem(spec.path)
+        from fsspec.implementations.local import LocalFileSystem
+        self._on_local_fs = isinstance(self.fs, LocalFileSystem)
 
     def segment_path(self, topic: str, partition: int, seq: int) -> str:
         rel = segment_relpath(topic, partition, seq).replace("\\", "/")
         return self.fs.unstrip_protocol(posixpath.join(self.base, rel))
 
     def prepare(self) -> None:
-        self.fs.makedirs(self.base, exist_ok=True)
+        if self._on_local_fs:
+            makedirs_durable(self.base)
+        else:
+            self.fs.makedirs(self.base, exist_ok=True)
 
     def has_room(self, used: int, need: int) -> bool:
         return False  # appends need a local tier
@@ -86,6 +95,15 @@ class RemoteTier(Tier):
         return self.fs.exists(path)
 
     def write_whole(self, path: str, data: pa.Buffer) -> None:
+        """Write a whole segment; durable on return (the move entry naming it comes next)."""
+        if self._on_local_fs:
+            local = self.fs._strip_protocol(path)
+            d = os.path.dirname(local)
+            makedirs_durable(d)
+            # A crash leaves at worst a temp file, which garbage collection reclaims.
+            os.replace(write_temp(d, memoryview(data)), local)
+            fsync_dir(d)
+            return
         self.fs.makedirs(posixpath.dirname(self.fs._strip_protocol(path)), exist_ok=True)
         with self.fs.open(path, "wb") as f:
             f.write(memoryview(data))
