@@ -248,12 +248,18 @@ def test_add_partitions_is_seen_by_other_handles(file_store):
 
 def test_positions_are_recorded_per_group(file_store):
     t = file_store.create_topic("t", SCHEMA, partitions=2)
+    for p in range(2):
+        t.append(make_batch(p * 10, 10), partition=p)
     t.set_position("g1", {0: 5, 1: 7})
     t.set_position("g2", {"1": 3})
     assert Store.open(file_store.root).topic("t").positions() == {"g1": {0: 5, 1: 7},
                                                                   "g2": {1: 3}}
     with pytest.raises(PafkaError, match="must be a non-negative integer"):
         t.set_position("g1", {0: -1})
+    with pytest.raises(PafkaError, match="offset 11 for partition 1 of topic 't' is past its "
+                                         "latest offset 10"):
+        t.set_position("g1", {1: 11})
+    t.set_position("g1", {1: 10})  # the end of the log: nothing left to read
 
 
 def test_retention_bytes_deletes_oldest_sealed_segments_and_reads_below_raise_data_loss(

@@ -709,11 +709,16 @@ class Topic:
         if not isinstance(group, str) or not group:
             raise PafkaError(f"consumer group must be a non-empty string, got {group!r}")
         clean: dict[str, int] = {}
+        latest = self.latest_offsets()
         for k, v in offsets.items():
             p = self._check_partition(int(k))
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
                 raise PafkaError(f"offset for partition {p} must be a non-negative integer, "
                                  f"got {v!r}")
+            if v > latest[p]:
+                # A position past the log would show as negative lag.
+                raise PafkaError(f"offset {v} for partition {p} of topic {self.name!r} is past "
+                                 f"its latest offset {latest[p]}")
             clean[str(p)] = int(v)
         ordered = {str(p): clean[str(p)] for p in sorted(int(k) for k in clean)}
         self._publish_retrying(
