@@ -10,10 +10,16 @@ too), reclaim files past the grace period, plan moves with
 :func:`~migration.policy.plan_moves`, carry them out with ``storage.migrate.threads`` threads
 within ``storage.migrate.bytes.per.second``, reclaim again, and record counters in
 ``<root>/_migration.json``.
+
+A segment whose file cannot be read (gone with a tier on RAM after a reboot, or corrupt)
+affects only itself: its move is skipped with a warning naming it, it is not planned again for
+a while (a back-off from ``FAILED_RETRY_S`` doubling up to ``FAILED_RETRY_MAX_S``), and every
+other segment still migrates. A merge holding such a segment moves its others one by one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tier_store import CommitConflict, PafkaError, Store, StoreFull
+from tier_store import CommitConflict, CorruptSegment, DataLoss, PafkaError, Store, StoreFull
 from tier_store.layout import write_atomic
 from tier_store.moves import MoveResult, seal_idle
 
@@ -33,6 +39,10 @@ from .policy import Move, SegmentView, TierView, plan_moves
 log = logging.getLogger(__name__)
 
 STATS_FILE = "_migration.json"
+# A segment whose file cannot be read is planned again only after this many seconds, doubled
+# on each further failure up to FAILED_RETRY_MAX_S (a missing file rarely comes back).
+FAILED_RETRY_S = 60.0
+FAILED_RETRY_MAX_S = 3600.0
 
 
 @dataclass
@@ -103,6 +113,9 @@ class MigrationService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # (topic, segment id, tier) -> (time.monotonic() to plan it again at, back-off in s)
+        self._unreadable: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._unreadable_lock = threading.Lock()
 
     # -- configuration ----------------------------------------------------------------------
     def band(self) -> tuple[float, float]:
@@ -123,6 +136,16 @@ class MigrationService:
     def plan(self) -> list[Move]:
         low, high = self.band()
         segs, tiers = store_views(self.store)
+        now = time.monotonic()
+        with self._unreadable_lock:
+            live = {(s.topic, s.id, s.tier) for s in segs}
+            for key in [k for k in self._unreadable if k not in live]:
+                del self._unreadable[key]  # deleted (retention), or moved by another service
+            # A segment that failed to move for an unreadable file waits out its back-off:
+            # seen as not movable, it still counts in its tier's usage and breaks merge runs.
+            segs = [dataclasses.replace(s, sealed=False)
+                    if self._unreadable.get((s.topic, s.id, s.tier), (0.0, 0.0))[0] > now else s
+                    for s in segs]
         return plan_moves(segs, tiers, low, high, self.store.config["log.segment.bytes"])
 
     def run_once(self) -> list[MoveResult]:
@@ -134,13 +157,20 @@ class MigrationService:
             idle = self.store.config["log.segment.ms"]
             for name in self.store.topics():
                 topic = self.store.topic(name)
-                self.stats.sealed_idle += len(seal_idle(topic, idle))
-                # Files past their grace period free room (pool files) before planning.
-                self.store.collect_garbage(topic)
+                try:
+                    self.stats.sealed_idle += len(seal_idle(topic, idle))
+                    # Files past their grace period free room (pool files) before planning.
+                    self.store.collect_garbage(topic)
+                except (PafkaError, OSError) as e:  # one topic's trouble stops no other
+                    log.warning("topic %s: sealing idle segments or garbage collection "
+                                "failed: %s", name, e)
             moves = self.plan()
             done = self._execute(moves)
             for name in self.store.topics():
-                self.store.collect_garbage(self.store.topic(name))
+                try:
+                    self.store.collect_garbage(self.store.topic(name))
+                except (PafkaError, OSError) as e:
+                    log.warning("topic %s: garbage collection failed: %s", name, e)
             self.stats.runs += 1
             self.stats.last_run_ms = int(time.time() * 1000)
             self.stats.tiers = self.store.tier_usage()
@@ -153,34 +183,71 @@ class MigrationService:
         throttle = Throttle(self.store.config["storage.migrate.bytes.per.second"])
         threads = self.store.config["storage.migrate.threads"]
 
-        def one(m: Move) -> MoveResult | None:
-            try:
-                return self.store.move_segment(m.segments[0], m.target,
-                                               merge_with=m.segments[1:], topic=m.topic,
-                                               throttle=throttle)
-            except (CommitConflict, StoreFull, PafkaError) as e:
-                log.warning("move of %s/%s to tier %d skipped: %s", m.topic,
-                            ",".join(m.segments), m.target, e)
-                return None
+        def one(m: Move) -> list[MoveResult]:
+            r, unreadable = self._move(m, throttle)
+            if r is not None:
+                return [r]
+            if not unreadable or len(m.segments) == 1:
+                return []
+            # A merge with an unreadable source: move the sources one by one, so that only
+            # the unreadable one stays behind (and waits out its back-off).
+            singles = (self._move(dataclasses.replace(m, segments=(sid,)), throttle)[0]
+                       for sid in m.segments)
+            return [x for x in singles if x is not None]
 
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pafka-migrate") as ex:
             results = list(ex.map(one, moves))
         done = []
-        for m, r in zip(moves, results, strict=True):
-            if r is None:
+        for rs in results:
+            if not rs:
                 self.stats.failed_moves += 1
-                continue
-            done.append(r)
-            if m.down:
-                self.stats.segments_down += len(m.segments)
-                self.stats.bytes_down += r.bytes
-                self.stats.merged_segments += len(m.segments) - 1
-            else:
-                self.stats.segments_up += len(m.segments)
-                self.stats.bytes_up += r.bytes
-            if self._on_move is not None:
-                self._on_move(r)
+            for r in rs:
+                done.append(r)
+                if r.to_tier > min(r.from_tiers):
+                    self.stats.segments_down += len(r.sources)
+                    self.stats.bytes_down += r.bytes
+                    self.stats.merged_segments += len(r.sources) - 1
+                else:
+                    self.stats.segments_up += len(r.sources)
+                    self.stats.bytes_up += r.bytes
+                if self._on_move is not None:
+                    self._on_move(r)
         return done
+
+    def _move(self, m: Move, throttle: Throttle) -> tuple[MoveResult | None, bool]:
+        """Carry out one move; returns (its result or None, whether it failed because a
+        source file is unreadable). Never raises for one segment's trouble."""
+        what = f"{m.topic}/{','.join(m.segments)}"
+        try:
+            r = self.store.move_segment(m.segments[0], m.target, merge_with=m.segments[1:],
+                                        topic=m.topic, throttle=throttle)
+        except (DataLoss, CorruptSegment, OSError) as e:
+            # Persistent until someone restores or deletes the segment: reads of it fail
+            # too, but it must not stop the other segments from migrating.
+            if len(m.segments) == 1:
+                backoff = self._mark_unreadable((m.topic, m.segments[0], m.source))
+                log.warning("move of %s to tier %d failed: %s; not planned again for %.0f s",
+                            what, m.target, e, backoff)
+            else:
+                log.warning("merge of %s to tier %d failed: %s; moving them one by one",
+                            what, m.target, e)
+            return None, True
+        except (CommitConflict, StoreFull, PafkaError) as e:
+            log.warning("move of %s to tier %d skipped: %s", what, m.target, e)
+            return None, False
+        with self._unreadable_lock:
+            for sid in m.segments:
+                self._unreadable.pop((m.topic, sid, m.source), None)
+        return r, False
+
+    def _mark_unreadable(self, key: tuple[str, str, int]) -> float:
+        """Hold segment ``key`` (topic, id, tier) back from planning for a doubling
+        back-off; returns it in seconds."""
+        with self._unreadable_lock:
+            _, last = self._unreadable.get(key, (0.0, FAILED_RETRY_S / 2))
+            backoff = min(FAILED_RETRY_MAX_S, last * 2)
+            self._unreadable[key] = (time.monotonic() + backoff, backoff)
+        return backoff
 
     def _save_stats(self, done: list[MoveResult]) -> None:
         """Add this run to the totals in ``<root>/_migration.json`` (read by the CLI)."""

@@ -1,5 +1,6 @@
 """The migration policy on states built in memory, and the service on real stores."""
 
+import logging
 import os
 import threading
 import time
@@ -9,7 +10,8 @@ import pytest
 from migration import MigrationService
 from migration.policy import SegmentView, TierView, plan_moves
 from migration.service import read_stats
-from tier_store import Store
+from tier_store import DataLoss, Store
+from tier_store.moves import seal_idle
 
 from .conftest import SCHEMA, make_batch, read_all
 
@@ -225,3 +227,59 @@ def test_low_above_high_is_a_clear_error(tmp_path, shm_dir):
     with pytest.raises(PafkaError, match="threshold.low=0.8 is above"):
         MigrationService(s).run_once()
     assert os.path.isdir(s.root)
+
+
+def test_a_missing_segment_file_stops_only_that_segment_from_migrating(tmp_path, shm_dir,
+                                                                        caplog):
+    s = _store(tmp_path, shm_dir)
+    t = s.create_topic("t", SCHEMA)
+    for i in range(120):
+        t.append(make_batch(i * 200, 200))
+    lost = t.segments()[0]  # the oldest: the first the policy moves down
+    os.unlink(lost.path)  # as /dev/shm after a reboot
+    svc = MigrationService(s)
+    with caplog.at_level(logging.WARNING, logger="migration.service"):
+        done = svc.run_once()
+    warned = [r.getMessage() for r in caplog.records if lost.path in r.getMessage()]
+    assert len(warned) == 1 and "t/" + lost.id in warned[0], warned
+    assert done and lost.id not in [x for r in done for x in r.sources]
+    assert read_stats(s.root)["runs"] == 1 and svc.stats.runs == 1
+    after = Store.open(s.root).topic("t")
+    assert read_all(after, 0, lost.end_offset) == list(range(lost.end_offset, 24000))
+    with pytest.raises(DataLoss, match="missing"):
+        read_all(after, 0, 0, lost.end_offset)
+    # The next runs do not try it again at once (no warning each run, no hot loop).
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="migration.service"):
+        svc.run_once()
+        svc.run_once()
+    assert not [r for r in caplog.records if lost.path in r.getMessage()]
+    assert svc.stats.runs == 3
+
+
+def test_a_merge_holding_a_missing_segment_file_moves_its_other_segments(tmp_path, shm_dir):
+    s = _store(tmp_path, shm_dir)
+    t = s.create_topic("t", SCHEMA)
+    for i in range(12):  # 12 small segments (12 of 16 pool files): the oldest merge down
+        t.append(make_batch(i * 200, 200))
+        seal_idle(t, 0, now_ms=t.state().last_ts + 1)
+    t.append(make_batch(2400, 200))
+    lost = t.segments()[1]
+    os.unlink(lost.path)
+    done = MigrationService(s).run_once()
+    moved = [x for r in done for x in r.sources]
+    assert "0-0" in moved and lost.id not in moved and len(moved) >= 4
+    after = Store.open(s.root).topic("t")
+    assert next(x for x in after.segments() if x.id == lost.id).tier == 1
+    assert read_all(after, 0, lost.end_offset) == list(range(lost.end_offset, 2600))
+    assert read_all(after, 0, 0, lost.base_offset) == list(range(lost.base_offset))
+
+
+def test_a_missing_active_segment_file_does_not_stop_idle_sealing(tmp_path, shm_dir):
+    s = _store(tmp_path, shm_dir)
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    for p in range(2):
+        t.append(make_batch(p * 100, 100), partition=p)
+    os.unlink(next(x for x in t.segments() if x.partition == 0).path)
+    assert seal_idle(t, 0, now_ms=t.state().last_ts + 1) == ["1-0"]
+    assert read_all(t, 1) == list(range(100, 200))

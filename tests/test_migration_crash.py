@@ -14,6 +14,8 @@ from tier_store.recovery import check_topic
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
+POINTS = MOVE_POINTS
+
 
 def _conf(shm_dir, **extra):
     return {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
@@ -29,7 +31,7 @@ def _files(store):
     return out
 
 
-@pytest.mark.parametrize("point", MOVE_POINTS)
+@pytest.mark.parametrize("point", POINTS)
 def test_a_move_killed_at_any_step_loses_and_duplicates_nothing(tmp_path, shm_dir, point):
     s = Store.open(tmp_path, _conf(shm_dir))
     t = s.create_topic("t", SCHEMA, partitions=2)

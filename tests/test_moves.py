@@ -1,4 +1,7 @@
 import os
+import signal
+import subprocess
+import textwrap
 import time
 
 import pytest
@@ -6,8 +9,9 @@ import pytest
 from tier_store import CommitConflict, PafkaError, Store
 from tier_store.moves import seal_idle
 from tier_store.reading import execute
+from tier_store.recovery import check_topic
 
-from .conftest import SCHEMA, make_batch, read_all
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
 
 def _tiered(tmp_path, shm_dir, **extra):
@@ -124,3 +128,124 @@ def test_a_move_onto_a_full_tier_fails_and_changes_nothing(tmp_path, shm_dir):
     with pytest.raises(StoreFull, match="no free pool file"):
         s.move_segment(low.id, 1, topic="t")
     assert read_all(t, 0) == list(range(12000))
+
+
+# -- moves racing commits, garbage collection and other services --------------------------------
+
+def test_a_chunk_committed_while_its_segment_is_copied_is_not_dropped_by_the_move(
+        tmp_path, shm_dir):
+    # The chunk is written before its segment is sealed and committed only while the move
+    # copies: older than the (zero) grace period, the segment counts as settled and moves.
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s, n=3)
+    late = t.write_chunks(make_batch(10**6, 100))
+    assert seal_idle(t, 0, now_ms=t.state().last_ts + 1) == ["0-0"]
+    mover = Store.open(s.root)  # the migration service's own handle
+    acked = []
+
+    def commit_meanwhile(nbytes):
+        if not acked:
+            acked.extend(t.commit(late))
+
+    r = mover.move_segment("t/0-0", 2, throttle=commit_meanwhile)
+    assert acked and (r.records, r.to_tier) == (700, 2)
+    after = Store.open(s.root).topic("t")
+    assert read_all(after, 0) == list(range(600)) + list(range(10**6, 10**6 + 100))
+    assert check_topic(after).ok
+
+
+def _segment_moved_away_and_reclaimed(tmp_path, shm_dir, grace_ms):
+    """A store whose segment 0-0 lived on tier 1, moved to tier 2, and whose tier-1 copy was
+    reclaimed: moving it back up reuses its old name on tier 1."""
+    s = _tiered(tmp_path, shm_dir, **{"log.cleanup.grace.ms": grace_ms})
+    t = _fill(s, n=3)
+    assert seal_idle(t, 0, now_ms=t.state().last_ts + 1) == ["0-0"]
+    t.append(make_batch(600, 200))  # the next segment is the active one
+    s.move_segment("t/0-0", 2)
+    time.sleep(grace_ms / 1000 + 0.1)
+    assert s.collect_garbage(t) == 1
+    return s, t, s.tier(1).segment_path("t", 0, 0)
+
+
+def _move_killed_after_linking(root, segment, tier):
+    """Another service moving ``segment`` to ``tier``, killed after claiming the segment's name
+    on the target tier with its copy, before publishing its move entry."""
+    code = textwrap.dedent(f"""
+        from tier_store import Store
+        Store.open({str(root)!r}).move_segment({segment!r}, {tier})
+    """)
+    env = dict(os.environ, PAFKA_CRASH_POINT="move.linked")
+    r = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+
+
+def test_garbage_collection_leaves_the_copy_a_move_has_just_linked(tmp_path, shm_dir):
+    # The old tier-1 file's tombstone is past the grace period, but the file now under that
+    # name is a fresh copy that a move's entry references a moment later.
+    s, t, final = _segment_moved_away_and_reclaimed(tmp_path, shm_dir, grace_ms=2000)
+    _move_killed_after_linking(s.root, "t/0-0", 1)
+    assert os.path.exists(final)
+    assert s.collect_garbage(t) == 0
+    assert os.path.exists(final)
+    # Its mover is gone: once untouched for the grace period, the copy is garbage (under both
+    # of its names, and its pool file back in the pool exactly once).
+    time.sleep(2.1)
+    assert s.collect_garbage(t) == 2 and not os.path.exists(final)
+    usage = {u["tier"]: u for u in s.tier_usage()}
+    assert usage[1]["pool_free"] + usage[1]["segments"] == usage[1]["pool_files"]
+    s.move_segment("t/0-0", 1)
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(800))
+
+
+def test_a_second_service_never_releases_the_copy_another_one_just_linked(tmp_path, shm_dir):
+    s, t, final = _segment_moved_away_and_reclaimed(tmp_path, shm_dir, grace_ms=2000)
+    _move_killed_after_linking(s.root, "t/0-0", 1)
+    linked = os.stat(final).st_ino
+    with pytest.raises(CommitConflict, match="still exists"):
+        Store.open(s.root).move_segment("t/0-0", 1)
+    assert os.stat(final).st_ino == linked
+    # Past the grace period the dead service's copy is released and the move goes through.
+    time.sleep(2.1)
+    r = Store.open(s.root).move_segment("t/0-0", 1)
+    assert r.to_tier == 1 and os.stat(final).st_ino != linked
+    after = Store.open(s.root).topic("t")
+    assert read_all(after, 0) == list(range(800)) and check_topic(after).ok
+
+
+def test_garbage_collection_never_reclaims_the_copy_of_a_move_in_progress(tmp_path, shm_dir):
+    s, t, final = _segment_moved_away_and_reclaimed(tmp_path, shm_dir, grace_ms=300)
+    gc = Store.open(s.root)
+    reclaimed = []
+
+    def stall_then_collect(nbytes):
+        if not reclaimed:
+            time.sleep(0.5)  # the copy (a pool file) is now untouched for the grace period
+            reclaimed.append(gc.collect_garbage(gc.topic("t")))
+
+    r = Store.open(s.root).move_segment("t/0-0", 1, throttle=stall_then_collect)
+    assert reclaimed == [0] and r.to_tier == 1
+    after = Store.open(s.root).topic("t")
+    assert read_all(after, 0) == list(range(800)) and check_topic(after).ok
+    usage = {u["tier"]: u for u in s.tier_usage()}
+    assert usage[1]["pool_free"] + usage[1]["segments"] == usage[1]["pool_files"]
+
+
+def test_a_move_makes_the_directories_it_creates_durable(tmp_path, shm_dir, monkeypatch):
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s)
+    tier2 = s.tier(2).path
+    assert not os.path.exists(os.path.join(tier2, "t"))
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    s.move_segment(t.segments()[0].id, 2, topic="t")
+    monkeypatch.undo()
+    # <tier>/t and <tier>/t/0 are new: their entries in their parents must be durable too.
+    for d in (tier2, os.path.join(tier2, "t"), os.path.join(tier2, "t", "0")):
+        assert os.path.realpath(d) in synced, (d, synced)

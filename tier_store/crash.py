@@ -30,6 +30,7 @@ MOVE_POINTS = (
     "move.copy",  # half of a chunk copied to the target tier
     "move.copied",  # copy complete, not yet verified
     "move.verified",  # verified, final name not yet claimed
+    "move.linked",  # final name claimed, move entry not yet published
     "move.committed",  # move entry published, old files not yet reclaimed
     "gc.release",  # garbage collection between two reclaimed files
 )

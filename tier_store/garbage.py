@@ -5,28 +5,103 @@ an ``open``):
 
 * A file is reclaimed only when nothing references it: not a committed segment of the topic's
   state, not a partition's active segment.
-* A segment deleted by retention or replaced by a move is reclaimed only once its ``delete``
-  or ``move`` entry is older than ``log.cleanup.grace.ms``, so a reader that planned against
-  it still finishes. Any other unreferenced file (a roll interrupted by a crash, chunks never
-  committed) only once it has been untouched for that long.
+* A file is reclaimed only once it has been untouched (by its own mtime) for
+  ``log.cleanup.grace.ms``, and, for a segment deleted by retention or replaced by a move,
+  only once its ``delete`` or ``move`` entry is that old too, so a reader that planned against
+  it still finishes. The tombstone alone is not enough: a segment that lived on a tier before
+  has an old tombstone there while a move links a fresh copy under the same name, which its
+  ``move`` entry references a moment later (moves keep the mtime of their copies fresh).
+* Never a file a live move holds (its ``flock``, :func:`release_file`): a move's copy is
+  unreferenced until its ``move`` entry is published, however long the move stalls.
 * Only under the partition's lock, taken without waiting: a busy partition is left for the
-  next pass. Pool files go back to the pool, never deleted.
+  next pass. Each file is checked again against the state read after taking the file's lock,
+  so a move published while we looked keeps its file. Pool files go back to the pool, never
+  deleted.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .crash import crash_point
-from .layout import SEGMENT_SUFFIX, TMP_PREFIX, segment_id
+from .layout import SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
 
 if TYPE_CHECKING:
+    from .state import TopicState
     from .store import Store
+    from .tiers import Tier
     from .topic import Topic
 
 log = logging.getLogger(__name__)
+
+
+def release_file(tier: Tier, path: str, may_release: Callable[[os.stat_result], bool]) -> bool:
+    """Release the file at ``path`` on a local ``tier`` if no live move holds it and
+    ``may_release(its stat)`` holds; return whether it was released. Thread- and
+    process-safe.
+
+    A move holds an ``flock`` on its copy from the copy's creation until its ``move`` entry is
+    published or the copy is discarded (the kernel drops it when the process dies), so a
+    locked file is never released. The check runs while we hold that lock ourselves, and the
+    file released is the one checked (the name still leads to the locked file): a move
+    cannot claim, link or publish it meanwhile."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a live move's copy
+        held = os.fstat(fd)
+        if not may_release(held):
+            return False
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            return False  # released and replaced by another process since we opened it
+        if held.st_nlink > 1:
+            # Another name still holds the file (a move that died between linking its copy
+            # to the segment's name and unlinking its temporary name): drop only this name,
+            # so that a pool file never goes back to the pool while a name still maps it.
+            os.unlink(path)
+            fsync_dir(os.path.dirname(path))
+        else:
+            tier.release_segment(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _tombstone_s(st: TopicState, sid: str, tier: int) -> float:
+    tomb = st.tombstone(sid, tier)
+    return tomb[1] / 1000.0 if tomb is not None else 0.0
+
+
+def _garbage(topic: Topic, tier: int, sid: str | None, now: float, grace_s: float
+             ) -> Callable[[os.stat_result], bool]:
+    """The check :func:`release_file` runs holding the file's lock: segment ``sid``'s file
+    (None for a temporary file) is not referenced by the state as it is now (a move that
+    published while we looked has dropped its lock by then), and the file and its tombstone
+    are both older than the grace period."""
+    def check(s: os.stat_result) -> bool:
+        since = 0.0
+        if sid is not None:
+            st = topic.state()
+            seg = st.segments.get(sid)
+            if seg is not None and seg.tier == tier:
+                return False
+            since = _tombstone_s(st, sid, tier)
+        return now - max(s.st_mtime, since) > grace_s
+    return check
 
 
 def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int:
@@ -42,7 +117,7 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
             if p not in actives:
                 actives[p] = topic.active_segment(p) if p < st.partitions else None
             if name.startswith(TMP_PREFIX):
-                # A copy of an interrupted move: nothing references it.
+                # A copy of an interrupted move (a live move keeps touching its copy).
                 if now - mtime > grace_s:
                     candidates.setdefault(p, []).append((name, path))
                 continue
@@ -53,9 +128,7 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
             seg = st.segments.get(sid)
             if (seg is not None and seg.tier == tier.number) or actives[p] == (seq, tier.number):
                 continue
-            tomb = st.tombstone(sid, tier.number)
-            age = now - (tomb[1] / 1000.0 if tomb is not None else mtime)
-            if age > grace_s:
+            if now - max(mtime, _tombstone_s(st, sid, tier.number)) > grace_s:
                 candidates.setdefault(p, []).append((name, path))
         for p, files in candidates.items():
             with store.partition_lock(topic.name, p, blocking=False) as held:
@@ -64,10 +137,18 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                 # The active pointer may have moved while we looked: re-check under the lock.
                 active = topic.active_segment(p)
                 for name, path in files:
-                    if name.endswith(SEGMENT_SUFFIX) and \
-                            active == (int(name[: -len(SEGMENT_SUFFIX)]), tier.number):
-                        continue
-                    tier.release_segment(path)
+                    of: str | None = None  # the segment it is a file of; None: a temp file
+                    if name.endswith(SEGMENT_SUFFIX):
+                        seq = int(name[: -len(SEGMENT_SUFFIX)])
+                        if active == (seq, tier.number):
+                            continue
+                        of = segment_id(p, seq)
+                    if tier.local:
+                        if not release_file(tier, path, _garbage(topic, tier.number, of, now,
+                                                                 grace_s)):
+                            continue
+                    else:
+                        tier.release_segment(path)
                     crash_point("gc.release")
                     reclaimed += 1
                     log.info("reclaimed unreferenced segment file %s", path)

@@ -17,12 +17,18 @@ A move of one segment, or a merge of adjacent sealed segments of one partition i
 5. The old files become tombstones, **deleted after** ``log.cleanup.grace.ms`` by garbage
    collection, so a reader that planned against the old location finishes.
 
+The copy's mtime is kept fresh (touched while copying and right before its name is claimed):
+garbage collection, and another service moving the same segment, release an unreferenced file
+only once it is untouched for the grace period, so a live move's copy is never taken from it.
+
 A crash at any step loses nothing: before the commit, the log still names the old files (the
 copy is an unreferenced file that garbage collection reclaims); after it, the new ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import logging
 import os
 import time
@@ -36,12 +42,14 @@ import pyarrow as pa
 from .chunk import checksum
 from .crash import crash_point
 from .entries import ChunkRecord, MoveEntry
-from .errors import CommitConflict, CorruptSegment, PafkaError, StoreFull
-from .layout import TMP_PREFIX, fsync_dir, segment_id
+from .errors import CommitConflict, CorruptSegment, DataLoss, PafkaError, StoreFull
+from .garbage import release_file
+from .layout import TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
 from .reading import read_range
 from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
 from .tiers import PmemTier, Tier
+from .tiers.pmem import PmemSegmentWriter
 from .topic import is_settled
 
 if TYPE_CHECKING:
@@ -111,12 +119,21 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
     target = store.tier(tier_number)
     for _ in range(attempts):
         t0 = time.perf_counter()
-        st = topic.state()
-        segs = _sources(st, topic, segment_ids)
+        # refresh() applies new entries to the state's own SegmentState objects, in place,
+        # and another thread may refresh this handle at any time: plan under the handle's
+        # lock, from copies, and keep what the plan saw as plain values so that the publish
+        # below sees a chunk committed to a source segment meanwhile (a conflict).
+        with topic._lock:
+            st = topic.state()
+            segs = [dataclasses.replace(s) for s in _sources(st, topic, segment_ids)]
+            version = st.version
+            planned = {s.id: (s.tier, s.chunks, s.bytes) for s in segs}
+            rows = _rows(st, segs)
+            p, seq = segs[0].partition, segs[0].seq
+            tomb = st.tombstone(segment_id(p, seq), tier_number)
         if len(segs) == 1 and segs[0].tier == tier_number:
             raise PafkaError(f"segment {segs[0].id} of topic {topic.name!r} is already on "
                              f"tier {tier_number}")
-        rows = _rows(st, segs)
         grace_s = topic._setting("log.cleanup.grace.ms") / 1000.0
         for s in segs:
             src = store.tier(s.tier)
@@ -127,36 +144,29 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                 raise PafkaError(f"segment {s.id} of topic {topic.name!r} holds chunks written "
                                  "but not committed yet: it moves once they are committed or "
                                  "older than log.cleanup.grace.ms")
-        version = st.version
-        seq = segs[0].seq
-        p = segs[0].partition
         final = target.segment_path(topic.name, p, seq)
         need = HEADER_SIZE + sum(align(int(n)) for n in rows["len"])
         if final in (store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs):
             raise PafkaError("a merge onto the tier a source segment is on is not supported")
         if target.exists(final):
-            # The segment was on this tier before: its old file waits for garbage collection.
-            tomb = st.tombstone(segment_id(p, seq), tier_number)
-            grace = topic._setting("log.cleanup.grace.ms")
-            if tomb is None or tomb[0] != tier_number or \
-                    time.time() * 1000 - tomb[1] <= grace:
-                raise CommitConflict(f"topic {topic.name!r}: {final} still exists (a move of the "
-                                     "segment is under way, or its old copy is in its grace "
-                                     "period); try later")
-            target.release_segment(final)
+            _release_old_copy(topic, target, segment_id(p, seq), final, tomb, tier_number,
+                              grace_s)
+        lock = -1  # holds our copy's flock until the entry is published (or discarded)
         if target.local:
-            chunks = _place_local(topic, target, segs, rows, st, need, throttle, final)
+            chunks, lock = _place_local(topic, target, segs, rows, st, need, throttle, final)
         else:
             chunks = _upload(topic, target, segs, rows, throttle, final)
         entry = MoveEntry(0, p, tuple(s.seq for s in segs), seq, tier_number, tuple(chunks))
 
         def make(state: TopicState, entry: MoveEntry = entry, version: int = version,
-                 segs: list[SegmentState] = segs) -> MoveEntry | None:
+                 planned: dict[str, tuple[int, int, int]] = planned) -> MoveEntry | None:
             if state.version != version:
                 # Conflict rule: a move conflicts with any entry that touched its segments.
-                now = {s.id: (s.tier, s.chunks, s.bytes) for s in state.segments.values()}
-                if any(now.get(s.id) != (s.tier, s.chunks, s.bytes) for s in segs):
-                    raise CommitConflict("segments changed since the move was planned")
+                for sid, was in planned.items():
+                    s = state.segments.get(sid)
+                    if s is None or (s.tier, s.chunks, s.bytes) != was:
+                        raise CommitConflict(f"topic {topic.name!r}: segment {sid} changed "
+                                             "since the move was planned")
             return MoveEntry(max(state.last_ts, int(time.time() * 1000)), entry.p,
                              entry.sources, entry.seq, entry.tier, entry.chunks)
 
@@ -166,9 +176,12 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
             log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
                      [s.id for s in segs], e)
             now = topic.state().segments.get(segment_id(p, seq))
-            if now is None or now.tier != tier_number:
-                _discard(target, final)  # ours alone: the name was claimed by our link
+            if lock >= 0 and (now is None or now.tier != tier_number):
+                _discard_own(target, final, lock)
             continue
+        finally:
+            if lock >= 0:
+                os.close(lock)
         crash_point("move.committed")
         result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
                             tuple(s.tier for s in segs), tier_number, int(rows["len"].sum()),
@@ -182,29 +195,78 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                          f"{attempts} lost races")
 
 
+def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,
+                      tomb: list[int] | None, tier_number: int, grace_s: float) -> None:
+    """Free the name ``final``, held by the segment's old file on the target tier (it lived
+    there before and waits for garbage collection), or raise :class:`CommitConflict`.
+
+    Only that old file goes: unlocked, unreferenced by the state read once its lock is ours,
+    and its tombstone and its own mtime both older than the grace period. Anything else is
+    another service's copy, linked a moment ago and about to be (or just) committed."""
+    now = time.time()
+    since = tomb[1] / 1000.0 if tomb is not None and tomb[0] == tier_number else now
+    if now - since > grace_s:
+        if not target.local:
+            target.release_segment(final)
+            return
+
+        def old(s: os.stat_result) -> bool:
+            seg = topic.state().segments.get(seg_id)
+            return (seg is None or seg.tier != tier_number) and \
+                now - max(s.st_mtime, since) > grace_s
+
+        if release_file(target, final, old):
+            return
+    raise CommitConflict(f"topic {topic.name!r}: {final} still exists (a move of the segment "
+                         "is under way, or its old copy is in its grace period); try later")
+
+
 def _place_local(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
                  st: TopicState, need: int, throttle: Callable[[int], None] | None, final: str
-                 ) -> list[ChunkRecord]:
-    """Copy into a temporary file on a local tier, verify, and claim the final name."""
-    tmp, chunks = _copy(topic, target, segs, rows, st, need, throttle)
+                 ) -> tuple[list[ChunkRecord], int]:
+    """Copy into a temporary file on a local tier, verify, and claim the final name; return
+    the chunks and the descriptor holding the copy's lock (the caller closes it once the
+    ``move`` entry is published or the copy discarded)."""
+    tmp, chunks, lock = _copy(topic, target, segs, rows, st, need, throttle)
     try:
         crash_point("move.copied")
         _verify(tmp, chunks)
         crash_point("move.verified")
+        # A fresh mtime on the name we claim, as a file left by a crash ages from here.
+        _touch(topic, tmp)
         # link, not rename: claim the name only if no other copy holds it (another service
         # moving the same segment, or a copy left by a crash, which garbage collection
         # reclaims after the grace period).
         os.link(tmp, final)
     except FileExistsError:
         _discard(target, tmp)
+        os.close(lock)
         raise CommitConflict(f"topic {topic.name!r}: {final} already exists (another move of "
                              "the segment is under way or was interrupted)") from None
     except BaseException:
         _discard(target, tmp)
+        os.close(lock)
         raise
-    os.unlink(tmp)
-    fsync_dir(os.path.dirname(final))
-    return chunks
+    try:
+        crash_point("move.linked")
+        os.unlink(tmp)
+        fsync_dir(os.path.dirname(final))
+    except BaseException:
+        os.close(lock)
+        raise
+    return chunks, lock
+
+
+def _discard_own(target: Tier, final: str, lock: int) -> None:
+    """Release ``final`` if it still is our copy (the file ``lock`` holds): a move that lost
+    its publish race; the name was claimed by our link."""
+    held = os.fstat(lock)
+    try:
+        named = os.stat(final)
+    except FileNotFoundError:
+        return
+    if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+        _discard(target, final)
 
 
 def _upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
@@ -220,7 +282,7 @@ def _upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarr
     for r in rows:
         length = int(r["len"])
         src = store.tier(tiers[int(r["seq"])]).segment_path(topic.name, p, int(r["seq"]))
-        buf = read_range(src, int(r["pos"]), length)
+        buf = _read_source(topic, p, int(r["seq"]), src, int(r["pos"]), length)
         if align(pos) > pos:
             out.write(b"\0" * (align(pos) - pos))
             pos = align(pos)
@@ -257,6 +319,27 @@ def _record(r: np.void, p: int, seq: int, tier: int, pos: int) -> ChunkRecord:
                        None if r["tmax"] == NO_TIME else int(r["tmax"]))
 
 
+def _read_source(topic: Topic, p: int, seq: int, path: str, pos: int, length: int
+                 ) -> pa.Buffer:
+    """A committed chunk of a source segment; :class:`DataLoss` naming it if its file is
+    gone (a tier on RAM after a reboot): that segment cannot move, the others still can."""
+    try:
+        return read_range(path, pos, length)
+    except FileNotFoundError:
+        raise DataLoss(f"topic {topic.name!r}: segment {segment_id(p, seq)} cannot move, its "
+                       f"file {path} is missing") from None
+
+
+def _touch(topic: Topic, tmp: str) -> None:
+    """Refresh the mtime of a move's temporary copy, so that only an abandoned one ages."""
+    try:
+        os.utime(tmp)
+    except FileNotFoundError:
+        raise PafkaError(f"topic {topic.name!r}: the temporary copy {tmp} of a move was "
+                         "reclaimed by garbage collection (the move stalled longer than "
+                         "log.cleanup.grace.ms); move abandoned") from None
+
+
 def _discard(tier: Tier, path: str) -> None:
     if isinstance(tier, PmemTier):
         tier.release_segment(path)
@@ -269,15 +352,22 @@ def _discard(tier: Tier, path: str) -> None:
 
 def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
           st: TopicState, need: int, throttle: Callable[[int], None] | None
-          ) -> tuple[str, list[ChunkRecord]]:
-    """Copy the committed chunks into a temporary file on ``target``; return it and the
-    chunks at their new positions."""
+          ) -> tuple[str, list[ChunkRecord], int]:
+    """Copy the committed chunks into a temporary file on ``target``; return it, the chunks
+    at their new positions, and the descriptor holding the copy's lock (see
+    :func:`_lock_copy`; the caller closes it)."""
     store = topic.store
     p = segs[0].partition
     d = os.path.dirname(target.segment_path(topic.name, p, segs[0].seq))
-    os.makedirs(d, exist_ok=True)
+    makedirs_durable(d)  # <tier>/<topic>/<p> and their entries in their parents
     tmp = os.path.join(d, f"{TMP_PREFIX}move-{os.getpid()}-{os.urandom(4).hex()}")
     tiers = {s.seq: s.tier for s in segs}
+    # Touch the copy at least this often: garbage collection reclaims a temporary file
+    # untouched for the grace period (and unlocked: a live move's copy ages only if the
+    # move stalls that long with its lock lost, which the touch then reports).
+    touch_every = min(1.0, topic._setting("log.cleanup.grace.ms") / 4000.0)
+    writer: PmemSegmentWriter | None = None
+    fd = -1
     if isinstance(target, PmemTier):
         if need > target.segment_bytes:
             raise StoreFull(f"merged segment of {need} bytes does not fit a pool file of "
@@ -285,25 +375,33 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
         writer = target.take_pool_file(tmp)
         if writer is None:
             raise StoreFull(f"tier {target.number} ({target.path}) has no free pool file")
-        mapping = writer._map
-        mapping.populate(0, need)
-        out = mapping.buffer(0, mapping.length)
     else:
         used = store.used_bytes().get(target.number, 0)
         if target.capacity > 0 and used + need > target.capacity:
             raise StoreFull(f"tier {target.number} ({target.path}): {used} of "
                             f"{target.capacity} bytes used, {need} more do not fit")
-        mapping = None
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     chunks: list[ChunkRecord] = []
     pos = HEADER_SIZE
+    lock = -1
     try:
+        # Before the first byte is written: a pool file keeps the mtime of its last use, and
+        # garbage collection may have taken it back to the pool before we locked it.
+        lock = _lock_copy(topic, tmp)
+        touched = time.monotonic()
+        if writer is not None:
+            mapping = writer._map
+            mapping.populate(0, need)
+            out = mapping.buffer(0, mapping.length)
         for r in rows:
+            if time.monotonic() - touched >= touch_every:
+                _touch(topic, tmp)
+                touched = time.monotonic()
             seq, length = int(r["seq"]), int(r["len"])
             src = store.tier(tiers[seq]).segment_path(topic.name, p, seq)
-            buf = read_range(src, int(r["pos"]), length)
+            buf = _read_source(topic, p, seq, src, int(r["pos"]), length)
             pos = align(pos)
-            if mapping is not None:
+            if writer is not None:
                 out[pos:pos + length] = memoryview(buf)
             else:
                 view = memoryview(buf)
@@ -316,22 +414,51 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
             if throttle is not None:
                 throttle(length)
         header = SegmentHeader(p, segs[0].seq, pos, True, int(time.time() * 1000)).pack()
-        if mapping is not None:
+        if writer is not None:
             out[0:HEADER_SIZE] = header
             mapping.flush(0, pos)
-            writer.close()
         else:
             os.pwrite(fd, header, 0)
             os.fsync(fd)
-            os.close(fd)
     except BaseException:
-        if mapping is not None:
-            writer.close()
-        else:
-            os.close(fd)
+        _close_copy(writer, fd)
         _discard(target, tmp)
+        if lock >= 0:
+            os.close(lock)
         raise
-    return tmp, chunks
+    _close_copy(writer, fd)
+    return tmp, chunks, lock
+
+
+def _close_copy(writer: PmemSegmentWriter | None, fd: int) -> None:
+    if writer is not None:
+        writer.close()
+    else:
+        os.close(fd)
+
+
+def _lock_copy(topic: Topic, tmp: str) -> int:
+    """Take the ``flock`` that marks ``tmp`` as a live move's copy and make its mtime fresh;
+    return the descriptor that holds it. Garbage collection and other services never release
+    a locked file (:func:`~tier_store.garbage.release_file`), so the lock is held until the
+    ``move`` entry is published or the copy discarded; the kernel drops it if we die."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held = os.fstat(fd)
+        try:
+            named = os.stat(tmp)
+        except FileNotFoundError:
+            named = None
+        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            raise PafkaError(f"topic {topic.name!r}: the temporary copy {tmp} of a move was "
+                             "reclaimed by garbage collection before it was locked; move "
+                             "abandoned")
+        _touch(topic, tmp)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _verify(path: str, chunks: list[ChunkRecord]) -> None:
@@ -361,7 +488,14 @@ def seal_idle(topic: Topic, idle_ms: int, now_ms: int | None = None) -> list[str
             if not held or topic.active_segment(p) != active:
                 continue
             tier = topic.store.tier(tier_no)
-            w = tier.open_segment(tier.segment_path(topic.name, p, seq))
+            path = tier.segment_path(topic.name, p, seq)
+            try:
+                w = tier.open_segment(path)
+            except OSError as e:
+                # Gone with a tier on RAM (reboot): reads of it fail, the rest still migrates.
+                log.warning("topic %s: active segment %s of partition %d (%s) cannot be "
+                            "opened, not sealed: %s", topic.name, seg.id, p, path, e)
+                continue
             try:
                 if not w.header().sealed:
                     w.seal()
