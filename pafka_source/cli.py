@@ -1,16 +1,42 @@
-"""The ``pafka`` command: the tier store's API from a shell."""
+"""The ``pafka`` command: the tier store's API from a shell.
+
+Every command but ``demo`` works on an existing store and never creates one: a mistyped root
+is an error, not a new empty store (``Store.open`` creates what it does not find). Errors are
+one line on stderr with exit status 1; ``-v`` (before or after the command) adds tracebacks.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
+import os
+import re
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from tier_store import PafkaError, Store
+from tier_store import ConfigError, PafkaError, Store
+from tier_store.config import tier_key
+from tier_store.layout import STORE_FILE
+from tier_store.moves import MoveResult
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from migration import MigrationService
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tier store, or run "
+               "the end-to-end Spark demo.")
+
+# JSON's names for what json.loads returns, for errors about a malformed store file.
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
+               bool: "boolean", type(None): "null"}
 
 
 def _human(n: float) -> str:
@@ -21,6 +47,75 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _os_error_text(e: OSError) -> str:
+    """``/path: Permission denied``: the file first, as ls and cp write it."""
+    names = [os.fsdecode(n) if isinstance(n, str | bytes) else str(n)
+             for n in (e.filename, e.filename2) if n is not None]
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{' -> '.join(names)}: {what}" if names else what
+
+
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, PafkaError):
+        return str(e)
+    if isinstance(e, OSError):
+        return _os_error_text(e)
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not {e.encoding} text: {e.reason} at byte {e.start}"
+    return f"{type(e).__name__}: {e}"
+
+
+# -- opening a store ---------------------------------------------------------------------------
+def _check_store_file(path: str) -> None:
+    """Fail in one line unless ``_store.json`` has the shape Store.open reads (an object with
+    ``format``, and ``config`` and ``layout`` objects); Store.open would raise KeyError or
+    AttributeError on a damaged one."""
+    try:
+        with open(path, "rb") as f:
+            saved = json.loads(f.read())
+    except ValueError as e:  # UnicodeDecodeError included
+        raise PafkaError(f"{path} is damaged: not JSON ({e})") from None
+    if isinstance(saved, dict):
+        missing = [k for k in ("format", "config", "layout") if k not in saved]
+        wrong = [k for k in ("config", "layout") if k in saved and not isinstance(saved[k], dict)]
+        if not missing and not wrong:
+            return
+        found = "; ".join([*(f"{k} is missing" for k in missing),
+                           *(f"{k} is a JSON {_JSON_TYPES.get(type(saved[k]), 'value')}"
+                             for k in wrong)])
+    else:
+        found = f"found a JSON {_JSON_TYPES.get(type(saved), 'value')}"
+    raise PafkaError(f"{path} is damaged: expected a JSON object with format, config and "
+                     f"layout, {found}")
+
+
+def _open_store(root: str, config: dict[str, str] | None = None,
+                cls: type[Store] = Store) -> Store:
+    """Open the existing store at ``root``; never create one, as ``Store.open`` would."""
+    if not root.strip():
+        raise PafkaError("the store root is empty: name the store's directory (an empty path "
+                         "would be the current directory)")
+    path = os.path.abspath(root)
+    store_file = os.path.join(path, STORE_FILE)
+    if not os.path.isfile(store_file):
+        if not os.path.exists(path):
+            why = "; no such directory"
+        elif not os.path.isdir(path):
+            why = "; not a directory"
+        else:
+            why = ""
+        raise PafkaError(f"no store at {path} (no {STORE_FILE}{why}); check the path. pafka "
+                         "opens existing stores only: Store.open() in Python, or the first "
+                         "write of the Spark sink, creates one")
+    _check_store_file(store_file)
+    return cls.open(path, config)
+
+
+# -- commands ----------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
     s = run(seconds=args.seconds)
@@ -42,27 +137,56 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    store = Store.open(args.root)
+    store = _open_store(args.root)
     for name in store.topics():
         t = store.topic(name)
         print(f"{name}\tpartitions={t.partitions}\tlatest={json.dumps(t.latest_offsets())}")
     return 0
 
 
+def _band_text(low: float, high: float) -> str:
+    if low < 0:
+        return "migration disabled (storage.migrate.threshold=-1)"
+    if low == high:
+        return f"threshold {low:.0%}"
+    return f"band {low:.0%}..{high:.0%}"
+
+
 def cmd_tiers(args: argparse.Namespace) -> int:
-    from migration import read_stats
-    store = Store.open(args.root)
+    from migration import MigrationService, read_stats
+    from migration.service import store_views
+    store = _open_store(args.root)
+    try:
+        policy = _band_text(*MigrationService(store).band())
+    except PafkaError as e:  # e.g. threshold.low above threshold.high: show usage anyway
+        policy = f"policy misconfigured: {e}"
+    # The policy's own view: on a pmem tier a segment takes a whole pool file, so its fill is
+    # segments / pool files, not bytes / capacity. It balances every tier above another.
+    _, views = store_views(store)
+    fill = {v.number: v.used / v.capacity for v in views[:-1] if v.capacity > 0}
     for t in store.tier_usage():
         cap = _human(t["capacity"]) if t["capacity"] else "unbounded"
-        pool = f", pool {t['pool_files'] - t['pool_free']}/{t['pool_files']} files in use" \
-            if "pool_files" in t else ""
-        print(f"tier {t['tier']} {t['type']:5s} {t['path']}: {_human(t['used'])} of {cap}, "
-              f"{t['segments']} segments{pool}")
+        line = (f"tier {t['tier']} {t['type']:5s} {t['path']}: {_human(t['used'])} of {cap}, "
+                f"{_plural(t['segments'], 'segment')}")
+        if "pool_files" in t:
+            files, free = t["pool_files"], t["pool_free"]
+            if free > files:
+                # The pool on disk is bigger than configured (its size was changed after the
+                # store was created): in use cannot be told from the free count.
+                line += (f", pool holds {free} free files, more than the {files} configured "
+                         "(its size changed after the store was created)")
+            else:
+                line += f", pool {files - free}/{files} files in use"
+        if t["tier"] in fill:
+            basis = "segments per pool file" if "pool_files" in t else "bytes of capacity"
+            line += f"; migration fill {fill[t['tier']]:.0%} ({basis}; {policy})"
+        print(line)
     stats = read_stats(store.root)
     if stats:
-        print(f"migration: {stats.get('runs', 0)} runs, "
-              f"{stats.get('segments_down', 0)} segments ({_human(stats.get('bytes_down', 0))}) "
-              f"down, {stats.get('segments_up', 0)} segments "
+        print(f"migration: {_plural(stats.get('runs', 0), 'run')}, "
+              f"{_plural(stats.get('segments_down', 0), 'segment')} "
+              f"({_human(stats.get('bytes_down', 0))}) down, "
+              f"{_plural(stats.get('segments_up', 0), 'segment')} "
               f"({_human(stats.get('bytes_up', 0))}) up")
     return 0
 
@@ -71,57 +195,131 @@ def _config_args(args: argparse.Namespace) -> dict[str, str]:
     conf = {}
     for item in args.set or []:
         if "=" not in item:
-            raise PafkaError(f"--set takes key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        conf[k.strip()] = v.strip()
+            raise ConfigError(f"--set takes key=value, got {item!r}")
+        k, v = (s.strip() for s in item.split("=", 1))
+        if tier_key(k):
+            # A size would resize the pmem pool on disk while _store.json keeps the old one;
+            # a path would point the store at other files.
+            raise ConfigError(f"--set {k}: tier sizes and paths are fixed when the store is "
+                              f"created (saved in {STORE_FILE}); --set takes changeable keys "
+                              "such as storage.migrate.threshold")
+        conf[k] = v
     return conf
+
+
+class _MoveFailed(PafkaError, OSError):
+    """One move's OSError (a segment file missing or unreadable), as a PafkaError too."""
+
+
+class _ReportingStore(Store):
+    """A store for ``pafka migrate``: reports each move as it completes (the service reports a
+    run's moves only once all are done), and makes an OSError of one move (a segment file
+    missing or unreadable) a PafkaError as well. A service that skips a move raising
+    PafkaError but not OSError then logs that move as skipped, naming the file, and goes on
+    with the others instead of ending the run; one that handles OSError still sees one."""
+
+    on_moved: Callable[[MoveResult], None] | None = None  # called on the moving thread
+
+    def move_segment(self, segment_id: str, *args: Any, **kwargs: Any) -> MoveResult:
+        try:
+            r = super().move_segment(segment_id, *args, **kwargs)
+        except PafkaError:
+            raise
+        except OSError as e:
+            raise _MoveFailed(e.errno, e.strerror or str(e), e.filename) from e
+        if self.on_moved is not None:
+            self.on_moved(r)
+        return r
+
+
+def _move_line(r: MoveResult) -> str:
+    return (f"moved {r.topic}/{r.segment} ({_plural(len(r.sources), 'segment')}, "
+            f"{_human(r.bytes)}) tier {'/'.join(map(str, r.from_tiers))} -> {r.to_tier} "
+            f"in {r.seconds:.2f} s")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     from migration import MigrationService
-    store = Store.open(args.root, _config_args(args) or None)
-    if args.follow:
-        svc = MigrationService(store)
-        interval = store.config["storage.migrate.interval.ms"] / 1000
-        print(f"migrating {store.root} every {interval:g} s (Ctrl-C to stop)")
-        try:
-            while True:
-                for r in svc.run_once():
-                    print(f"moved {r.topic}/{r.segment} ({len(r.sources)} segments, "
-                          f"{_human(r.bytes)}) tier {'/'.join(map(str, r.from_tiers))} -> "
-                          f"{r.to_tier} in {r.seconds:.2f} s", flush=True)
-                time.sleep(interval)
-        except KeyboardInterrupt:
-            return 0
-    moves = MigrationService(store).plan()
-    if not moves:
-        print("nothing to move: every tier is within its threshold")
+    store = _open_store(args.root, _config_args(args) or None, cls=_ReportingStore)
+    assert isinstance(store, _ReportingStore)
+    svc = MigrationService(store)
+    low, high = svc.band()
+    if low < 0:
+        print("nothing to move: migration is disabled (storage.migrate.threshold=-1)")
         return 0
-    total = sum(m.bytes for m in moves)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="migrating") as bar:
-        svc = MigrationService(store, on_move=lambda r: bar.update(r.bytes))
+    if args.follow:
+        return _follow(store, svc)
+    moves = svc.plan()
+    if not moves:
+        print(f"nothing to move: every tier is within its {_band_text(low, high)}")
+        return 0
+    lock = threading.Lock()
+    # Binary units as in the summary line; no bar when stderr is not a terminal.
+    with tqdm(total=sum(m.bytes for m in moves), unit="iB", unit_scale=True,
+              unit_divisor=1024, desc="migrating", disable=None) as bar, \
+            logging_redirect_tqdm():
+        def moved(r: MoveResult) -> None:
+            with lock:  # moves complete on storage.migrate.threads threads
+                bar.update(r.bytes)
+        store.on_moved = moved
         done = svc.run_once()
     s = svc.stats
-    print(f"moved {s.segments_down} segments ({_human(s.bytes_down)}) down and "
-          f"{s.segments_up} ({_human(s.bytes_up)}) up in {len(done)} moves; "
-          f"{s.failed_moves} skipped")
+    skipped = (f"; {s.failed_moves} skipped (see above; pafka check {store.root} verifies "
+               "the store)" if s.failed_moves else "; none skipped")
+    print(f"moved {_plural(s.segments_down, 'segment')} ({_human(s.bytes_down)}) down and "
+          f"{s.segments_up} ({_human(s.bytes_up)}) up in {_plural(len(done), 'move')}{skipped}")
     return 0
 
 
+def _follow(store: Store, svc: MigrationService) -> int:
+    interval = store.config["storage.migrate.interval.ms"] / 1000
+    print(f"migrating {store.root} every {interval:g} s (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            try:
+                done = svc.run_once()
+            except BrokenPipeError:
+                raise
+            except Exception as e:
+                # One failed run (a file gone, a disk error) must not end the service: the
+                # next run plans afresh.
+                print(f"pafka: migration run failed: {_error_text(e)}; next run in "
+                      f"{interval:g} s", file=sys.stderr, flush=True)
+                log.info("the failed run's traceback", exc_info=True)
+                done = []
+            for r in done:
+                print(_move_line(r), flush=True)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+# recovery.py writes inclusive ranges (``offsets 0..9502``); the CLI writes end-exclusive
+# ones everywhere, as offsets are used: [base, end).
+_INCLUSIVE_RANGE = re.compile(r"\boffsets (\d+)\.\.(\d+)")
+
+
+def _offsets(start: int, end: int) -> str:
+    """An end-exclusive offset range, as topic.read() takes it."""
+    return f"[{start}, {end})"
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
-    store = Store.open(args.root)
+    store = _open_store(args.root)
     t = store.topic(args.topic)
     earliest, latest = t.earliest_offsets(), t.latest_offsets()
-    print(f"topic {t.name}: {t.partitions} partitions, log version {t.version}")
+    print(f"topic {t.name}: {_plural(t.partitions, 'partition')}, log version {t.version}; "
+          "offset ranges [first, end) exclude their end")
     print("schema:", ", ".join(f"{f.name} {f.type}" for f in t.schema))
     for p in range(t.partitions):
-        print(f"  partition {p}: offsets {earliest[p]}..{latest[p]} "
+        print(f"  partition {p}: offsets {_offsets(earliest[p], latest[p])} "
               f"({latest[p] - earliest[p]:,} records)")
     for s in t.segments():
         print(f"  segment {s.id:>8} tier {s.tier} {s.tier_type:5s} offsets "
-              f"{s.base_offset}..{s.end_offset} {_human(s.bytes):>10} "
+              f"{_offsets(s.base_offset, s.end_offset)} {_human(s.bytes):>10} "
               f"{'sealed' if s.sealed else 'active'}")
     for group, offs in t.positions().items():
         lag = sum(latest[p] - o for p, o in offs.items())
@@ -131,52 +329,76 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-    store = Store.open(args.root)
+    store = _open_store(args.root)
     names = [args.topic] if args.topic else store.topics()
     total = sum(s.bytes for n in names for s in store.topic(n).segments())
-    with tqdm(total=total, unit="B", unit_scale=True, desc="verifying",
+    with tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="verifying",
               disable=args.no_verify or None) as bar:
         reports = store.check(names, verify=not args.no_verify, progress=bar.update)
     bad = 0
     for r in reports:
-        status = "ok" if r.ok else f"{len(r.problems)} problems"
-        print(f"{r.topic}: version {r.version}, {r.segments} segments, {r.chunks} chunks, "
-              f"{_human(r.bytes_verified)} verified: {status}")
+        status = "ok" if r.ok else _plural(len(r.problems), "problem")
+        print(f"{r.topic}: version {r.version}, {_plural(r.segments, 'segment')}, "
+              f"{_plural(r.chunks, 'chunk')}, {_human(r.bytes_verified)} verified: {status}")
         for p in r.problems:
-            print(f"  {p}")
+            print("  " + _INCLUSIVE_RANGE.sub(
+                lambda m: f"offsets {_offsets(int(m[1]), int(m[2]) + 1)}", p))
         bad += not r.ok
     return 1 if bad else 0
 
 
+# -- parsing -----------------------------------------------------------------------------------
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (checked before Spark starts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pafka", description=__doc__)
+    ap = argparse.ArgumentParser(prog="pafka", description=DESCRIPTION)
     ap.add_argument("--version", action="version", version=f"pafka {__version__}")
-    ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="log at INFO level and show tracebacks")
+    # -v after the command too; SUPPRESS keeps a subcommand from resetting a -v given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log at INFO level and show tracebacks")
     sub = ap.add_subparsers(dest="command")
-    d = sub.add_parser("demo", help="stream clicks into a topic with Spark and aggregate them "
-                                    "with a second query, on ./pafka-data")
-    d.add_argument("--seconds", type=float, default=12.0, help="how long the producer runs")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                              parents=[common])
+
+    d = command("demo", "stream clicks into a topic with Spark and aggregate them with a second "
+                        "query, on ./pafka-data (the only command that creates a store)")
+    d.add_argument("--seconds", type=_seconds, default=12.0, help="how long the producer runs")
     d.set_defaults(func=cmd_demo)
-    t = sub.add_parser("topics", help="list the topics of a store")
+    t = command("topics", "list the topics of a store")
     t.add_argument("root")
     t.set_defaults(func=cmd_topics)
-    u = sub.add_parser("tiers", help="show each tier's usage")
+    u = command("tiers", "show each tier's usage and the fill the migration policy sees")
     u.add_argument("root")
     u.set_defaults(func=cmd_tiers)
-    m = sub.add_parser("migrate", help="apply the migration policy once, or keep applying it")
+    m = command("migrate", "apply the migration policy once, or keep applying it")
     m.add_argument("root")
     mode = m.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="one run (the default)")
     mode.add_argument("--follow", action="store_true",
                       help="run every storage.migrate.interval.ms until interrupted")
     m.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3")
+                   help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3"
+                        " (not tier sizes or paths: they are fixed when the store is created)")
     m.set_defaults(func=cmd_migrate)
-    c = sub.add_parser("describe", help="partitions, offsets, segments and groups of a topic")
+    c = command("describe", "partitions, offsets, segments and groups of a topic")
     c.add_argument("root")
     c.add_argument("topic")
     c.set_defaults(func=cmd_describe)
-    k = sub.add_parser("check", help="verify topics against their commit logs and checksums")
+    k = command("check", "verify topics against their commit logs and checksums")
     k.add_argument("root")
     k.add_argument("--topic")
     k.add_argument("--no-verify", action="store_true", help="skip checksums (files only)")
@@ -187,15 +409,35 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    verbose = bool(getattr(args, "verbose", False))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
     try:
-        return args.func(args)
-    except PafkaError as e:
-        print(f"pafka: {e}", file=sys.stderr)
+        rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`pafka describe ... | head -1`): stop quietly, as Python's
+        # docs on SIGPIPE recommend; stdout goes to devnull so the flush at exit cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except (PafkaError, OSError, UnicodeDecodeError) as e:
+        # What the user can act on: a path and what is wrong with it, in one line.
+        log.info("details", exc_info=True)
+        print(f"pafka: {_error_text(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        # Anything else (a store file the store could not parse, or a bug here): one line,
+        # unless -v asks for the traceback.
+        if verbose:
+            raise
+        print(f"pafka: {_error_text(e)} (pafka -v shows the traceback)", file=sys.stderr)
         return 1
 
 

@@ -1,7 +1,9 @@
 import os
 import subprocess
 
-from tier_store import Store
+import pytest
+
+from tier_store import PafkaError, Store
 
 from .conftest import ROOT, SCHEMA, make_batch
 
@@ -26,7 +28,7 @@ def test_topics_describe_and_check(tmp_path):
     r = _pafka("topics", str(tmp_path))
     assert r.returncode == 0 and "clicks\tpartitions=2" in r.stdout
     r = _pafka("describe", str(tmp_path), "clicks")
-    assert r.returncode == 0 and "partition 1: offsets 0..500" in r.stdout
+    assert r.returncode == 0 and "partition 1: offsets [0, 500)" in r.stdout
     assert "group g" in r.stdout and "lag 900" in r.stdout
     r = _pafka("check", str(tmp_path))
     assert r.returncode == 0 and "clicks: version" in r.stdout and ": ok" in r.stdout
@@ -36,6 +38,24 @@ def test_topics_describe_and_check(tmp_path):
         f.write(b"\x00\xff\x00\xff")
     r = _pafka("check", str(tmp_path))
     assert r.returncode == 1 and "does not match its checksum" in r.stdout
+
+
+def test_describe_and_check_write_end_exclusive_offset_ranges_and_plurals(tmp_path):
+    s = Store.open(tmp_path, {"log.segment.bytes": "64k"})
+    t = s.create_topic("clicks", SCHEMA)
+    for i in range(10):
+        t.append(make_batch(i * 100, 100))
+    seg = t.segments()[0]
+    r = _pafka("describe", str(tmp_path), "clicks")
+    assert f"segment {seg.id:>8} tier 1 FILE  offsets [0, {seg.end_offset})" in r.stdout
+    assert ".." not in r.stdout
+    with open(seg.path, "r+b") as f:
+        f.seek(seg.bytes // 2 + 4096)
+        f.write(b"\x00\xff\x00\xff")
+    r = _pafka("check", str(tmp_path))
+    assert r.returncode == 1 and "verified: 1 problem\n" in r.stdout
+    problem = next(line for line in r.stdout.splitlines() if "checksum" in line)
+    assert "offsets [" in problem and ")" in problem and ".." not in problem
 
 
 def test_unknown_topic_is_a_clear_error_not_a_traceback(tmp_path):
@@ -57,7 +77,237 @@ def test_migrate_once_moves_down_and_tiers_reports_it(tmp_path, shm_dir):
     assert r.returncode == 0, r.stderr
     assert "segments" in r.stdout and "down" in r.stdout
     r = _pafka("tiers", str(tmp_path))
-    assert "migration: 1 runs" in r.stdout
+    assert "migration: 1 run," in r.stdout
+    # The policy's own measure of tier 1: segments per pool file, against its threshold.
+    assert "migration fill" in r.stdout and "segments per pool file" in r.stdout
     assert len([x for x in Store.open(tmp_path).topic("t").segments() if x.tier == 2]) >= 4
     r = _pafka("migrate", str(tmp_path), "--set", "log.segment.bytes=1m")
     assert r.returncode == 1 and "conflicts with the store" in r.stderr
+
+
+def _tiered(root, shm_dir, n=120):
+    """A tiered store (pmem tier 1 of 16 pool files, disk tier 2) with one filled topic."""
+    s = Store.open(root, {
+        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, "log.cleanup.grace.ms": 0})
+    t = s.create_topic("t", SCHEMA)
+    for i in range(n):
+        t.append(make_batch(i * 200, 200))
+    return s, t
+
+
+def _one_line_error(r, *needles):
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("pafka: ")
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", [["topics"], ["tiers"], ["describe", "{root}", "t"],
+                                     ["check"], ["migrate"]])
+def test_commands_other_than_demo_never_create_a_store(tmp_path, command):
+    root = tmp_path / "mistyped"
+    args = [a.format(root=root) for a in command]
+    r = _pafka(*args) if "{root}" in command else _pafka(*args, str(root))
+    _one_line_error(r, f"no store at {root} (no _store.json")
+    assert not root.exists()
+
+
+def test_a_directory_a_file_or_an_empty_root_is_not_taken_for_a_store(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("mine")
+    _one_line_error(_pafka("topics", str(plain)), f"no store at {plain} (no _store.json)")
+    assert sorted(os.listdir(plain)) == ["notes.txt"]
+    _one_line_error(_pafka("describe", str(plain / "notes.txt"), "t"),
+                    "not a directory")
+    r = subprocess.run([PAFKA, "topics", ""], capture_output=True, text=True, cwd=plain)
+    _one_line_error(r, "store root is empty")
+    assert sorted(os.listdir(plain)) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("content,what", [
+    (b'{"format": 1}', "config is missing"),
+    (b"[]", "found a JSON array"),
+    (b'{"format": 1, "config": [], "layout": {}}', "config is a JSON array"),
+    (b"{not json", "not JSON"),
+    (b'{"format": 1, "config": {"log.segment.bytes": "\xff"}}', "not JSON"),
+])
+def test_a_damaged_store_file_is_a_one_line_error_naming_it(tmp_path, content, what):
+    (tmp_path / "_store.json").write_bytes(content)
+    _one_line_error(_pafka("topics", str(tmp_path)), str(tmp_path / "_store.json"), what)
+
+
+def test_an_os_error_is_a_one_line_error_naming_the_path(tmp_path):
+    Store.open(tmp_path).create_topic("a", SCHEMA)
+    os.rmdir(tmp_path / "tier-1")
+    (tmp_path / "tier-1").write_text("not a directory")  # the tier's directory is a file
+    _one_line_error(_pafka("tiers", str(tmp_path)), str(tmp_path / "tier-1"))
+
+
+def test_verbose_works_after_the_command_and_shows_the_traceback(tmp_path):
+    # A _store.json Store.open cannot use (its layout lacks the tier paths): whatever the
+    # store raises, the CLI prints one line, and the traceback with -v.
+    (tmp_path / "_store.json").write_text('{"format": 1, "config": {}, "layout": {}}')
+    r = _pafka("topics", str(tmp_path))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    r = _pafka("topics", str(tmp_path), "-v")
+    assert r.returncode == 1 and "Traceback" in r.stderr
+    r = _pafka("-v", "topics", str(tmp_path))
+    assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_help_shows_no_markup():
+    r = _pafka("--help")
+    assert r.returncode == 0 and "``" not in r.stdout and "The pafka command" in r.stdout
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    s = Store.open(tmp_path, {"log.segment.bytes": "64k"})
+    t = s.create_topic("clicks", SCHEMA, partitions=2)
+    for i in range(40):
+        t.append(make_batch(i * 100, 100))
+    p = subprocess.Popen([PAFKA, "describe", str(tmp_path), "clicks"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the command writes (as `| head -1` does)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and err == b""
+
+
+def test_migrate_skips_a_move_whose_segment_file_is_missing_and_goes_on(tmp_path, shm_dir):
+    _, t = _tiered(tmp_path, shm_dir)
+    oldest = t.segments()[0]
+    assert oldest.sealed and oldest.tier == 1
+    os.unlink(oldest.path)
+    r = _pafka("migrate", str(tmp_path), "--set", "storage.migrate.threshold=0.25")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert oldest.path in r.stderr  # the skipped move is reported, naming the file
+    assert "1 skipped" in r.stdout
+    after = {x.id: x.tier for x in Store.open(tmp_path).topic("t").segments()}
+    assert after[oldest.id] == 1 and list(after.values()).count(2) >= 3
+
+
+def test_migrate_follow_reports_a_failed_run_and_keeps_running(tmp_path, shm_dir, monkeypatch,
+                                                               capsys):
+    from migration import MigrationService
+    from pafka_source import cli
+    _tiered(tmp_path, shm_dir, n=10)
+    runs = []
+
+    def run_once(self):
+        runs.append(1)
+        if len(runs) == 1:
+            raise FileNotFoundError(2, "No such file or directory", "/gone/00001.seg")
+        raise KeyboardInterrupt  # ends --follow, as Ctrl-C does
+
+    monkeypatch.setattr(MigrationService, "run_once", run_once)
+    rc = cli.main(["migrate", str(tmp_path), "--follow",
+                   "--set", "storage.migrate.interval.ms=1"])
+    err = capsys.readouterr().err
+    assert rc == 0 and len(runs) == 2
+    assert "migration run failed: /gone/00001.seg: No such file or directory" in err
+
+
+def test_set_refuses_tier_sizes_and_paths(tmp_path, shm_dir):
+    _tiered(tmp_path, shm_dir, n=10)
+    pool = sorted(os.listdir(os.path.join(shm_dir, "_pool")))
+    for item in ("storage.tiers.first.sizes=2m", "storage.tiers.1.sizes=512k",
+                 "storage.tiers.second.paths=/tmp/elsewhere", "storage.tiers.3.paths=/tmp/x"):
+        r = _pafka("migrate", str(tmp_path), "--set", item)
+        _one_line_error(r, item.split("=")[0], "fixed when the store is created")
+    assert sorted(os.listdir(os.path.join(shm_dir, "_pool"))) == pool  # the pool is unchanged
+
+
+def test_tiers_never_shows_a_negative_count_of_pool_files_in_use(tmp_path, shm_dir):
+    _tiered(tmp_path, shm_dir, n=10)
+    Store.open(tmp_path, {"storage.tiers.first.sizes": "2m"})  # grows the pool on disk
+    r = _pafka("tiers", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "pool -" not in r.stdout and "/-" not in r.stdout
+    free = next(u for u in Store.open(tmp_path).tier_usage() if u["tier"] == 1)["pool_free"]
+    if free > 16:
+        assert f"pool holds {free} free files, more than the 16 configured" in r.stdout
+
+
+def test_migrate_with_migration_disabled_says_so(tmp_path, shm_dir):
+    _tiered(tmp_path, shm_dir, n=40)
+    r = _pafka("migrate", str(tmp_path), "--set", "storage.migrate.threshold=-1")
+    assert r.returncode == 0 and "migration is disabled" in r.stdout
+    assert "within its threshold" not in r.stdout
+
+
+# -- the demo, without Spark ---------------------------------------------------------------------
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_demo_rejects_a_bad_duration_before_spark_starts(seconds, capsys):
+    from pafka_source import cli
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["demo", "--seconds", seconds])
+    assert e.value.code == 2 and "--seconds" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_spark(monkeypatch, tmp_path):
+    """The demo in tmp_path with Spark replaced by a failure: nothing may get as far."""
+    from pafka_source import demo
+
+    def spark_session():
+        raise AssertionError("the demo started Spark")
+
+    monkeypatch.setattr(demo, "spark_session", spark_session)
+    monkeypatch.chdir(tmp_path)
+    yield demo
+    import shutil
+    shutil.rmtree(demo.demo_paths(str(tmp_path))[1], ignore_errors=True)
+
+
+def test_demo_refuses_to_delete_a_directory_it_did_not_make(no_spark, tmp_path, capsys):
+    from pafka_source import cli
+    mine = tmp_path / "pafka-data"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    assert cli.main(["demo", "--seconds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "is not a store made by the demo" in err and "Move or rename it" in err
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    Store.open(mine, {"log.segment.bytes": "64k"}).create_topic("clicks", SCHEMA)
+    assert cli.main(["demo", "--seconds", "1"]) == 1  # a store, but not the demo's
+    assert (mine / "thesis.tex").exists()
+
+
+def test_demo_replaces_only_its_own_store(no_spark, tmp_path):
+    demo = no_spark
+    root, fast = demo.demo_paths(str(tmp_path))
+    Store.open(root, demo.store_options(root, fast))  # a demo store from before the marker
+    assert demo.is_demo_store(root, fast)
+    demo.check_replaceable(root, fast)
+    with pytest.raises(AssertionError, match="started Spark"):
+        demo.run(seconds=1)  # deleted and recreated it, marked, then started Spark
+    assert os.path.isfile(os.path.join(root, demo.DEMO_MARKER))
+    assert demo.is_demo_store(root, fast)
+    with pytest.raises(PafkaError, match="seconds must be a number > 0"):
+        demo.run(seconds=0)
+
+
+class _Query:
+    """A stand-in for a StreamingQuery that never creates its topic."""
+
+    def __init__(self, error=None, active=True):
+        self.error, self.isActive, self.status = error, active, {"message": "Waiting"}
+
+    def exception(self):
+        return self.error
+
+
+def test_demo_waits_for_its_topic_with_a_deadline_and_reports_the_query_error(tmp_path):
+    from pafka_source.demo import wait_for_topic
+    Store.open(tmp_path)
+    with pytest.raises(PafkaError, match="failed before creating it: boom"):
+        wait_for_topic(str(tmp_path), "clicks", _Query(error=RuntimeError("boom")))
+    with pytest.raises(PafkaError, match="stopped before creating it"):
+        wait_for_topic(str(tmp_path), "clicks", _Query(active=False))
+    with pytest.raises(PafkaError, match="did not appear .* within 0.3 s"):
+        wait_for_topic(str(tmp_path), "clicks", _Query(), timeout=0.3)
+    Store.open(tmp_path).create_topic("clicks", SCHEMA)
+    wait_for_topic(str(tmp_path), "clicks", _Query(), timeout=0.3)

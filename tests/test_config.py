@@ -1,18 +1,93 @@
 import os
+import re
 
 import pytest
 
 from tier_store import ConfigError, Store
 from tier_store.config import KEYS, markdown_table, properties_text, read_properties
 
-from .conftest import ROOT
+from .conftest import ROOT, SCHEMA
+
+CONF = os.path.join(ROOT, "conf", "pafka.properties")
 
 
 def test_conf_properties_file_matches_the_declared_keys():
-    with open(os.path.join(ROOT, "conf", "pafka.properties")) as f:
-        assert f.read() == properties_text()
-    parsed = read_properties(os.path.join(ROOT, "conf", "pafka.properties"))
-    assert set(parsed) == set(KEYS)
+    with open(CONF) as f:
+        text = f.read()
+    assert text == properties_text()
+    # Every key is listed, commented out at its default, and so are a third tier's keys.
+    listed = re.findall(r"^#([a-z0-9.]+)=(.*)$", text, re.MULTILINE)
+    assert {k for k, _ in listed} == set(KEYS) | {"storage.tiers.3.paths",
+                                                  "storage.tiers.3.sizes"}
+    for k, v in listed:
+        if k in KEYS:
+            assert KEYS[k].parse(v) == KEYS[k].default
+    assert read_properties(CONF) == {}
+
+
+def test_sample_conf_opens_a_new_and_an_existing_store(tmp_path, shm_dir):
+    new = Store.open(tmp_path / "new", CONF)
+    assert new.config["log.channel.type"] == "file"
+    existing = {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+                "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+                "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0}
+    Store.open(tmp_path / "old", existing).create_topic("t", SCHEMA)
+    s = Store.open(tmp_path / "old", CONF)
+    assert [t.type for t in s.tiers] == ["PMEM", "HDD"] and s.topics() == ["t"]
+    assert s.config["log.segment.bytes"] == 64 * 1024
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def test_allowed_text_says_what_every_key_accepts():
+    for key in KEYS.values():
+        text = key.allowed()
+        if key.kind in ("int", "size", "float"):
+            for bound in (key.minimum, key.maximum):
+                if bound is not None:
+                    key.parse(bound)  # the bounds are allowed ...
+                    assert _fmt(bound) in text, (key.name, text)
+            if key.minimum is not None and key.minimum - 1 not in key.special:
+                with pytest.raises(ConfigError):  # ... what lies outside them is not
+                    key.parse(key.minimum - 1)
+            for s in key.special:
+                key.parse(s)
+                assert f"or {_fmt(s)}" in text
+        if key.kind == "float":
+            for bad in ("nan", "inf"):
+                with pytest.raises(ConfigError):
+                    key.parse(bad)
+    threshold = KEYS["storage.migrate.threshold"]
+    assert threshold.allowed() == "a number in [0, 1], or -1"
+    for bad in (2, 1.5, -0.5):
+        with pytest.raises(ConfigError, match=r"\[0, 1\], or -1"):
+            threshold.parse(bad)
+    assert "not REMOTE" in KEYS["storage.tiers.types"].allowed()
+
+
+def test_a_key_naming_a_tier_the_store_does_not_have_is_an_error(tmp_path):
+    two = {"log.channel.type": "tiered", "storage.tiers.types": "NVME,HDD"}
+    with pytest.raises(ConfigError, match=r"storage\.tiers\.3\.paths=/tmp/x names tier 3, but "
+                                          r"the store has 2 tiers \(storage\.tiers\.types="
+                                          r"NVME,HDD\)"):
+        Store.open(tmp_path / "a", {**two, "storage.tiers.3.paths": "/tmp/x"})
+    Store.open(tmp_path / "b", two)
+    with pytest.raises(ConfigError, match="names tier 3"):
+        Store.open(tmp_path / "b", {"storage.tiers.3.sizes": "1g"})
+    with pytest.raises(ConfigError, match=r"names tier 2.*log\.channel\.type=file"):
+        Store.open(tmp_path / "c", {"storage.tiers.second.paths": str(tmp_path / "slow")})
+    # Empty paths and zero sizes set nothing: a file that lists every key still opens.
+    Store.open(tmp_path / "d", {"storage.tiers.second.paths": "", "storage.tiers.2.sizes": 0})
+
+
+def test_a_properties_file_that_is_not_utf8_is_a_clear_error(tmp_path):
+    props = tmp_path / "latin1.properties"
+    props.write_bytes("log.segment.bytes=1m\n# caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"cannot read configuration file .*latin1\.properties.*"
+                                          r"not UTF-8"):
+        Store.open(tmp_path / "s", str(props))
 
 
 def test_readme_key_table_matches_the_declared_keys():

@@ -12,6 +12,7 @@ both values. Keys declared ``changeable`` may differ per open.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -56,24 +57,33 @@ class ConfigKey:
     choices: tuple[str, ...] = ()
     special: tuple[Any, ...] = ()  # values allowed outside [minimum, maximum], e.g. -1
     check: Callable[[Any], str | None] | None = field(default=None, compare=False)
+    # A rule the value must also meet that the range cannot say (checked elsewhere), so
+    # that allowed() describes everything a value is checked against.
+    note: str = ""
 
     def allowed(self) -> str:
-        """Describe the allowed values, for errors and docs."""
+        """Describe the allowed values, for errors and docs: everything parse() accepts."""
         if self.kind == "enum":
-            return "one of " + ", ".join(self.choices)
-        if self.kind == "list":
-            return "a comma-separated list of " + ", ".join(self.choices)
-        if self.kind == "path":
-            return "a filesystem path"
-        what = {"int": "an integer", "size": "a size in bytes (suffixes k, m, g, t)",
-                "float": "a number"}[self.kind]
-        parts = []
-        if self.minimum is not None:
-            parts.append(f">= {_fmt(self.minimum)}")
-        if self.maximum is not None:
-            parts.append(f"<= {_fmt(self.maximum)}")
-        text = what + (" " + " and ".join(parts) if parts else "")
-        if self.default is None:
+            text = "one of " + ", ".join(self.choices)
+        elif self.kind == "list":
+            text = "a comma-separated list of " + ", ".join(self.choices)
+        elif self.kind == "path":
+            text = "a directory path (a REMOTE tier: an fsspec URL), without commas"
+        elif self.kind == "float" and self.minimum is not None and self.maximum is not None:
+            text = f"a number in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]"
+        else:
+            what = {"int": "an integer",
+                    "size": "a size in bytes (suffixes k, m, g, t: KiB, MiB, GiB, TiB)",
+                    "float": "a number"}[self.kind]
+            parts = []
+            if self.minimum is not None:
+                parts.append(f">= {_fmt(self.minimum)}")
+            if self.maximum is not None:
+                parts.append(f"<= {_fmt(self.maximum)}")
+            text = what + (" " + " and ".join(parts) if parts else "")
+        if self.note:
+            text += f" ({self.note})"
+        if self.default is None or (self.kind == "path" and self.default == ""):
             text += ", or empty"
         if self.special:
             text += ", or " + " or ".join(_fmt(s) for s in self.special)
@@ -113,7 +123,10 @@ class ConfigKey:
                 raise ValueError(value)
             return int(value)
         if self.kind == "float":
-            return float(value)
+            parsed = float(value)
+            if not math.isfinite(parsed):  # nan would pass every range check
+                raise ValueError(value)
+            return parsed
         if self.kind == "enum":
             text = str(value).strip().lower()
             if text not in self.choices:
@@ -137,10 +150,6 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _threshold_check(v: float) -> str | None:
-    return None if v == -1 or 0.0 <= v <= 1.0 else "expected a fraction in [0, 1], or -1 to disable"
-
-
 _DAY_MS = 24 * 3600 * 1000
 
 KEYS: dict[str, ConfigKey] = {
@@ -153,7 +162,7 @@ KEYS: dict[str, ConfigKey] = {
                   "Tier types, fastest first, for log.channel.type=tiered. PMEM tiers are "
                   "written through a memory mapping with libpmem; REMOTE tiers (an fsspec URL) "
                   "hold sealed segments only; the others are written with write + fsync.",
-                  choices=TIER_TYPES),
+                  choices=TIER_TYPES, note="the first not REMOTE"),
         ConfigKey("storage.tiers.first.paths", "path", "",
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
         ConfigKey("storage.tiers.first.sizes", "size", 1 * GiB,
@@ -166,15 +175,15 @@ KEYS: dict[str, ConfigKey] = {
                   "Alias of storage.tiers.2.sizes.", changeable=True, minimum=0),
         ConfigKey("storage.migrate.threshold", "float", 0.5,
                   "Fraction of tier 1 that should hold data in the balanced state; -1 disables "
-                  "migration.", changeable=True, check=_threshold_check),
+                  "migration.", changeable=True, minimum=0.0, maximum=1.0, special=(-1,)),
         ConfigKey("storage.migrate.threshold.low", "float", None,
                   "Lower edge of a hysteresis band: segments move up only while tier 1 is "
                   "below it (empty: storage.migrate.threshold).", changeable=True,
-                  minimum=0.0, maximum=1.0),
+                  minimum=0.0, maximum=1.0, note="not above storage.migrate.threshold.high"),
         ConfigKey("storage.migrate.threshold.high", "float", None,
                   "Upper edge of a hysteresis band: segments move down only while tier 1 is "
                   "above it (empty: storage.migrate.threshold).", changeable=True,
-                  minimum=0.0, maximum=1.0),
+                  minimum=0.0, maximum=1.0, note="not below storage.migrate.threshold.low"),
         ConfigKey("storage.migrate.interval.ms", "int", 5000,
                   "How often the migration service applies the policy, in milliseconds.",
                   changeable=True, minimum=1),
@@ -240,6 +249,16 @@ def canonical_key(name: str) -> str:
     return name
 
 
+def tier_key(name: str) -> tuple[int, str] | None:
+    """``storage.tiers.first.sizes`` / ``storage.tiers.3.paths`` -> (tier number, "sizes" or
+    "paths"); None for any other key."""
+    m = re.match(r"^storage\.tiers\.(\w+)\.(paths|sizes)$", name)
+    if not m:
+        return None
+    n = _ALIASES.get(m.group(1)) or (int(m.group(1)) if m.group(1).isdigit() else None)
+    return (n, m.group(2)) if n is not None else None
+
+
 def key_for(name: str) -> ConfigKey:
     """Return the declaration of ``name``; unknown names raise naming the closest keys."""
     canon = canonical_key(name)
@@ -263,6 +282,9 @@ def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read configuration file {str(p)!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"cannot read configuration file {str(p)!r}: not UTF-8 text "
+                          f"(byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
     out: dict[str, str] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -362,6 +384,16 @@ class StoreConfig:
             elif "://" not in path:
                 path = os.path.abspath(path)
             specs.append(TierSpec(n, t, path, int(size)))
+        # A key naming a tier the layout does not have would be silently ignored: say so.
+        # Empty paths and zero sizes (what a file listing every key carries) are no setting.
+        for name, value in self._values.items():
+            tk = tier_key(name)
+            if tk and tk[0] > len(specs) and value not in ("", 0, None):
+                described = (f"storage.tiers.types={','.join(s.type for s in specs)}"
+                             if channel == "tiered" else f"log.channel.type={channel}")
+                raise ConfigError(f"{name}={render_value(value)} names tier {tk[0]}, but the "
+                                  f"store has {len(specs)} tier{'s' if len(specs) != 1 else ''}"
+                                  f" ({described}); add the tier to storage.tiers.types")
         return specs
 
     def layout(self, root: str) -> dict[str, Any]:
@@ -376,16 +408,34 @@ class StoreConfig:
 
 
 def properties_text() -> str:
-    """Render every declared key as a commented ``.properties`` file (conf/pafka.properties)."""
+    """Render every declared key as a ``.properties`` file (conf/pafka.properties).
+
+    Every value is a default, so every key is commented out (Kafka's style): the file then
+    opens any store, new or existing, and a key takes effect only once uncommented. Pinning
+    the layout keys would make opening a store created with other values a conflict.
+    """
     lines = ["# Pafka for Spark: store configuration. Every key, its default and what it means.",
-             "# Generated from tier_store/config.py (KEYS); a test checks the two agree.", ""]
+             "# Generated from tier_store/config.py (KEYS); a test checks the two agree.",
+             "#",
+             "# Every key is commented out at its default: uncomment a line to set it. Keys",
+             "# marked 'Fixed when the store is created' are saved in <root>/_store.json on the",
+             "# first open; a later open that sets one to another value is an error.", ""]
     for key in KEYS.values():
         lines.append(f"# {key.doc}")
         fixed = "" if key.changeable else " Fixed when the store is created."
         lines.append(f"# Allowed: {key.allowed()}.{fixed}")
-        lines.append(f"{key.name}={render_value(key.default)}")
+        lines.append(f"#{key.name}={render_value(key.default)}")
         lines.append("")
+    lines += ["# More than two tiers: storage.tiers.<n>.paths / .sizes for tier n of",
+              "# storage.tiers.types (1-based; first = 1, second = 2), e.g. a REMOTE third tier",
+              "# for storage.tiers.types=PMEM,HDD,REMOTE: its fsspec URL (it holds sealed",
+              "# segments only) and its capacity (0 = unbounded).",
+              "# Allowed: as tier 2; naming a tier storage.tiers.types does not have is an error."
+              " Paths are fixed when the store is created.",
+              "#storage.tiers.3.paths=s3://bucket/pafka",
+              "#storage.tiers.3.sizes=0", ""]
     return "\n".join(lines)
+
 
 
 def render_value(value: Any) -> str:
@@ -401,6 +451,7 @@ def markdown_table() -> str:
     for key in KEYS.values():
         rows.append(f"| `{key.name}` | `{render_value(key.default)}` | {key.allowed()} | "
                     f"{'yes' if key.changeable else 'no'} | {key.doc} |")
-    rows.append("| `storage.tiers.<n>.paths` / `.sizes` | | as tier 1 / 2 | | Tier n of "
-                "storage.tiers.types (1-based; `first` = 1, `second` = 2). |")
+    rows.append("| `storage.tiers.<n>.paths` / `.sizes` | | as tier 2; n at most the number "
+                "of storage.tiers.types | paths no, sizes yes | Tier n of storage.tiers.types "
+                "(1-based; `first` = 1, `second` = 2), e.g. a REMOTE third tier. |")
     return "\n".join(rows)
