@@ -1,10 +1,10 @@
 """Options of the ``pafka`` format, parsed and validated once on the driver.
 
 Spark hands options over lower-cased; every key is checked here so that a mistake fails at
-``load()``/``start()`` with the option, the value and what is allowed. Store configuration
-keys (``log.segment.bytes``, ``storage.tiers.first.paths``, ...) are accepted as options too and
-take precedence over a ``pafka.config`` properties file, which takes precedence over the
-store's saved configuration.
+``load()``/``save()`` (a stream: when the query starts) with the option, spelled as users
+write it, the value and what is allowed. Store configuration keys (``log.segment.bytes``,
+``storage.tiers.first.paths``, ...) are accepted as options too and take precedence over a
+``pafka.config`` properties file, which takes precedence over the store's saved configuration.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tier_store import ConfigError, PafkaError
-from tier_store.config import KEYS, key_for, load_config
+from tier_store import PafkaError
+from tier_store.config import KEYS, key_for, load_config, parse_size
 
 SOURCE_OPTIONS = {
     "path": "store root directory (or load(root))",
@@ -26,7 +26,7 @@ SOURCE_OPTIONS = {
     "subscribepattern": "regular expression of topics to read",
     "startingoffsets": "earliest | latest | JSON {topic: {partition: offset}} (-2 earliest, -1 "
                        "latest)",
-    "endingoffsets": "latest | JSON (batch reads only)",
+    "endingoffsets": "latest | JSON {topic: {partition: offset}} (-1 latest; batch reads only)",
     "startingtimestamp": "milliseconds since the epoch: start at the first record committed "
                          "then or later",
     "startingoffsetsbytimestamp": "JSON {topic: {partition: timestamp ms}}",
@@ -34,7 +34,8 @@ SOURCE_OPTIONS = {
     "includemetadata": "true | false: add _topic, _partition, _offset, _timestamp",
     "maxoffsetspertrigger": "positive integer: records per micro-batch at most",
     "maxrecordspertrigger": "alias of maxOffsetsPerTrigger",
-    "maxbytespertrigger": "positive size: bytes per micro-batch at most (approximate)",
+    "maxbytespertrigger": "size (1 byte or more; suffixes k, m, g, t): bytes per micro-batch at "
+                          "most (approximate)",
     "minoffsetspertrigger": "positive integer: wait for this many records ...",
     "maxtriggerdelay": "... but no longer than this (e.g. 15m, 30s, 500ms)",
     "minpartitions": "positive integer: at least this many Spark partitions per batch",
@@ -55,6 +56,12 @@ SINK_OPTIONS = {
     "pafka.config": "path of a .properties file with store configuration",
 }
 
+# Options only a streaming read uses. A batch read accepts them and logs that they have no
+# effect, as Kafka's source does with maxOffsetsPerTrigger on a batch query.
+STREAM_ONLY_SOURCE_OPTIONS = ("maxoffsetspertrigger", "maxrecordspertrigger",
+                              "maxbytespertrigger", "minoffsetspertrigger", "maxtriggerdelay",
+                              "consumergroup")
+
 # The spelling users write (Spark hands options over lower-cased).
 NAMES = {k.lower(): k for k in (
     "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp",
@@ -69,10 +76,18 @@ _UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "m
             "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000,
             "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000, "day": 86_400_000,
             "days": 86_400_000}
+_PARTITION_RE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() accepts '٣' too
+MAX_BYTES_LIMIT = 2**63 - 1  # Spark's ReadMaxBytes is a long
+
+
+def display(name: str) -> str:
+    """How users spell an option that Spark hands over lower-cased."""
+    return NAMES.get(name.lower(), name)
 
 
 def _bad(option: str, value: Any, allowed: str) -> PafkaError:
-    return PafkaError(f"invalid value {value!r} for option {option!r}: expected {allowed}")
+    return PafkaError(f"invalid value {value!r} for option {display(option)!r}: "
+                      f"expected {allowed}")
 
 
 def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -98,6 +113,31 @@ def _positive(opts: Mapping[str, str], name: str) -> int | None:
     return n
 
 
+def _non_empty(opts: Mapping[str, str], name: str, what: str) -> str | None:
+    v = opts.get(name)
+    if v is None:
+        return None
+    if not str(v).strip():
+        raise _bad(name, v, f"{what} (not empty)")
+    return str(v).strip()
+
+
+def _size(opts: Mapping[str, str], name: str) -> int | None:
+    """A byte size of its own range (not log.segment.bytes', which is 16 KiB to 1 TiB)."""
+    v = opts.get(name)
+    if v is None:
+        return None
+    allowed = ("a size in bytes from 1 to 2^63-1, such as 4096, 512k, 64m or 2g (suffixes k, "
+               "m, g, t: KiB, MiB, GiB, TiB)")
+    try:
+        n = parse_size(str(v))
+    except ValueError:
+        raise _bad(name, v, allowed) from None
+    if not 1 <= n <= MAX_BYTES_LIMIT:
+        raise _bad(name, v, allowed)
+    return n
+
+
 def _duration_ms(opts: Mapping[str, str], name: str, default: int) -> int:
     v = opts.get(name)
     if v is None:
@@ -108,16 +148,33 @@ def _duration_ms(opts: Mapping[str, str], name: str, default: int) -> int:
     return int(m.group(1)) * _UNIT_MS[(m.group(2) or "ms").lower()]
 
 
-def _check_known(opts: Mapping[str, str], known: Mapping[str, str], what: str) -> None:
+def _is_store_key(name: str) -> bool:
+    return name in KEYS or name.startswith("storage.tiers.")
+
+
+def _listing(table: Mapping[str, str]) -> str:
+    return ", ".join(sorted((display(k) for k in table), key=str.lower))
+
+
+def _check_known(opts: Mapping[str, str], known: Mapping[str, str], side: str) -> None:
+    """Reject a name that is neither in ``known`` (the ``side``'s options: 'source' or 'sink')
+    nor a store key, naming only that side's options."""
     for name in opts:
-        if name in known or name in KEYS or name.startswith("storage.tiers."):
+        if name in known or _is_store_key(name):
             continue
-        candidates = list(known) + list(KEYS)
-        close = difflib.get_close_matches(name, candidates, n=2, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        raise PafkaError(f"unknown {what} option {name!r}{hint} Known options: "
-                         f"{', '.join(sorted(known))}, and the store keys of "
-                         "conf/pafka.properties")
+        if name in SOURCE_OPTIONS | SINK_OPTIONS:
+            other = "write" if side == "source" else "read"
+            raise PafkaError(f"option {display(name)!r} applies to a {other}, not to a "
+                             f"{'read' if side == 'source' else 'write'}. Known {side} options: "
+                             f"{_listing(known)}")
+        close = difflib.get_close_matches(name, list(known) + list(KEYS), n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(display(c) for c in close)}? " if close else ". "
+        raise PafkaError(f"unknown {side} option {name!r}{hint}Known {side} options: "
+                         f"{_listing(known)}; and the store keys of conf/pafka.properties")
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): v for k, v in options.items()}
 
 
 def markdown_tables() -> str:
@@ -131,19 +188,13 @@ def markdown_tables() -> str:
     return "\n".join(out).rstrip()
 
 
-def check_option_names(options: Mapping[str, str]) -> None:
-    """Reject a name that is neither a source nor a sink option nor a store key."""
-    _check_known({str(k).lower(): v for k, v in options.items()},
-                 {**SOURCE_OPTIONS, **SINK_OPTIONS}, "pafka")
-
-
 def store_config(opts: Mapping[str, str]) -> dict[str, Any]:
     """Store configuration from options: the properties file, overridden by option keys."""
     conf: dict[str, Any] = {}
     if opts.get("pafka.config"):
         conf.update(load_config(opts["pafka.config"]))
     for name, value in opts.items():
-        if name in KEYS or name.startswith("storage.tiers."):
+        if _is_store_key(name):
             key = key_for(name)
             conf[key.name] = key.parse(value)
     return conf
@@ -160,41 +211,68 @@ def _root(opts: Mapping[str, str]) -> str:
 OffsetSpec = str | dict[str, dict[str, int]]
 
 
-def parse_offsets(opts: Mapping[str, str], name: str, allow_earliest: bool = True
+def _json(name: str, raw: str, expected: str) -> Any:
+    """Parse JSON, rejecting a key given twice (json.loads would keep the last silently)."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise PafkaError(f"option {display(name)!r} gives {k!r} twice: {raw}")
+            out[k] = v
+        return out
+    try:
+        return json.loads(raw, object_pairs_hook=pairs)
+    except ValueError:
+        raise _bad(name, raw, expected) from None
+
+
+def parse_offsets(opts: Mapping[str, str], name: str, ending: bool = False
                   ) -> OffsetSpec | None:
-    """``earliest`` | ``latest`` | JSON ``{topic: {partition: offset}}`` with -2/-1."""
+    """``earliest`` | ``latest`` | JSON ``{topic: {partition: offset}}`` with -2/-1.
+
+    An ending offset cannot be ``earliest``/-2, as in Kafka's source: such a read would end
+    before anything it could read."""
     v = opts.get(name)
     if v is None:
         return None
     s = str(v).strip()
+    example = '{"clicks": {"0": 23, "1": -1}}' if ending else '{"clicks": {"0": 23, "1": -2}}'
+    expected = f"latest, or JSON like {example}" if ending else \
+        f"earliest, latest, or JSON like {example}"
     if s.lower() in ("latest", "earliest"):
-        if s.lower() == "earliest" and not allow_earliest:
-            raise _bad(name, v, "latest or a JSON object of offsets")
+        if s.lower() == "earliest" and ending:
+            raise _bad(name, v, f"{expected} (a read cannot end at the earliest offsets)")
         return s.lower()
-    try:
-        parsed = json.loads(s)
-    except ValueError:
-        raise _bad(name, v, 'earliest, latest, or JSON like {"clicks": {"0": 23, "1": -2}}'
-                   ) from None
-    return _offset_json(name, v, parsed, lowest=-2)
+    parsed = _json(name, s, expected)
+    if ending:
+        return _offset_json(name, v, parsed, -1, "offsets integers >= -1 (-1: latest; -2, "
+                                                 "earliest, cannot end a read)")
+    return _offset_json(name, v, parsed, -2, "offsets integers >= -2 (-2: earliest, -1: "
+                                             "latest)")
 
 
-def _offset_json(name: str, raw: Any, parsed: Any, lowest: int) -> dict[str, dict[str, int]]:
+def _offset_json(name: str, raw: Any, parsed: Any, lowest: int, allowed: str
+                 ) -> dict[str, dict[str, int]]:
     shape = 'JSON like {"clicks": {"0": 23, "1": -2}}'
     if not isinstance(parsed, dict) or not parsed:
         raise _bad(name, raw, shape)
     out: dict[str, dict[str, int]] = {}
     for topic, parts in parsed.items():
-        if not isinstance(parts, dict):
+        if not isinstance(parts, dict) or not parts:
             raise _bad(name, raw, shape)
         clean: dict[int, int] = {}
+        spelled: dict[int, str] = {}
         for p, off in parts.items():
-            if not str(p).isdigit() or isinstance(off, bool) or not isinstance(off, int) or \
-                    off < lowest:
+            if not _PARTITION_RE.fullmatch(str(p)) or isinstance(off, bool) or \
+                    not isinstance(off, int) or off < lowest:
                 raise PafkaError(
-                    f"invalid entry {p!r}: {off!r} for topic {topic!r} in option {name!r}: "
-                    f"partitions are non-negative integers and offsets integers >= {lowest}")
+                    f"invalid entry {p!r}: {off!r} for topic {topic!r} in option "
+                    f"{display(name)!r}: partitions are non-negative integers and {allowed}")
+            if int(p) in clean:
+                raise PafkaError(f"option {display(name)!r} gives partition {int(p)} of topic "
+                                 f"{topic!r} twice (as {spelled[int(p)]!r} and {p!r})")
             clean[int(p)] = off
+            spelled[int(p)] = p
         out[topic] = {str(p): clean[p] for p in sorted(clean)}
     return out
 
@@ -221,15 +299,16 @@ class SourceOptions:
     consumer_group: str | None = None
     verify: bool = False
     config: dict[str, Any] = field(default_factory=dict)
+    given: frozenset[str] = frozenset()  # option names set (lower-cased), for warnings
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        opts = {str(k).lower(): v for k, v in options.items()}
+        opts = _lower(options)
         _check_known(opts, SOURCE_OPTIONS, "source")
         chosen = [k for k in ("topic", "subscribe", "subscribepattern") if opts.get(k)]
         if len(chosen) != 1:
             raise PafkaError("set exactly one of the options 'topic', 'subscribe' and "
-                             f"'subscribePattern' (got {chosen or 'none'})")
+                             f"'subscribePattern' (got {[display(k) for k in chosen] or 'none'})")
         topics: tuple[str, ...] = ()
         pattern = None
         if "topic" in chosen:
@@ -249,51 +328,55 @@ class SourceOptions:
         if max_records is not None and alias is not None and max_records != alias:
             raise PafkaError("maxOffsetsPerTrigger and its alias maxRecordsPerTrigger disagree: "
                              "set one")
-        max_bytes = None
-        if opts.get("maxbytespertrigger") is not None:
-            try:
-                max_bytes = key_for("log.segment.bytes").parse(opts["maxbytespertrigger"])
-            except ConfigError:
-                raise _bad("maxBytesPerTrigger", opts["maxbytespertrigger"],
-                           "a positive size such as 64m") from None
-            if max_bytes <= 0:
-                raise _bad("maxBytesPerTrigger", opts["maxbytespertrigger"], "a positive size")
+        max_records = max_records if max_records is not None else alias
+        min_records = _positive(opts, "minoffsetspertrigger")
+        if min_records is not None and max_records is not None and min_records > max_records:
+            raise PafkaError(f"minOffsetsPerTrigger={min_records} is above maxOffsetsPerTrigger="
+                             f"{max_records}: a micro-batch could never hold that many records; "
+                             "set minOffsetsPerTrigger <= maxOffsetsPerTrigger")
         starting_ts = None
         if opts.get("startingtimestamp") is not None:
+            raw = opts["startingtimestamp"]
             try:
-                starting_ts = int(str(opts["startingtimestamp"]).strip())
+                starting_ts = int(str(raw).strip())
             except ValueError:
-                raise _bad("startingTimestamp", opts["startingtimestamp"],
-                           "milliseconds since the epoch") from None
+                starting_ts = -1
+            if starting_ts < 0:
+                raise _bad("startingTimestamp", raw,
+                           "milliseconds since the epoch (an integer >= 0)")
         by_ts = None
         if opts.get("startingoffsetsbytimestamp") is not None:
             raw = opts["startingoffsetsbytimestamp"]
-            try:
-                by_ts = _offset_json("startingOffsetsByTimestamp", raw, json.loads(raw), 0)
-            except ValueError:
-                raise _bad("startingOffsetsByTimestamp", raw,
-                           'JSON like {"clicks": {"0": 1700000000000}}') from None
+            shape = 'JSON like {"clicks": {"0": 1700000000000}}'
+            by_ts = _offset_json("startingoffsetsbytimestamp", raw,
+                                 _json("startingoffsetsbytimestamp", raw, shape), 0,
+                                 "timestamps integers >= 0 (milliseconds since the epoch)")
         given = [k for k in ("startingoffsets", "startingtimestamp",
                              "startingoffsetsbytimestamp") if opts.get(k) is not None]
         if len(given) > 1:
-            raise PafkaError(f"set at most one of {', '.join(given)}")
+            raise PafkaError(f"set at most one of {', '.join(display(k) for k in given)}")
         return cls(
             root=_root(opts), topics=topics, pattern=pattern,
             starting=parse_offsets(opts, "startingoffsets"),
-            ending=parse_offsets(opts, "endingoffsets", allow_earliest=False),
+            ending=parse_offsets(opts, "endingoffsets", ending=True),
             starting_timestamp=starting_ts, starting_by_timestamp=by_ts,
             fail_on_data_loss=_bool(opts, "failondataloss", True),
             include_metadata=_bool(opts, "includemetadata", False),
-            max_records=max_records if max_records is not None else alias,
-            max_bytes=max_bytes,
-            min_records=_positive(opts, "minoffsetspertrigger"),
+            max_records=max_records,
+            max_bytes=_size(opts, "maxbytespertrigger"),
+            min_records=min_records,
             max_trigger_delay_ms=_duration_ms(opts, "maxtriggerdelay", 15 * 60_000),
             min_partitions=_positive(opts, "minpartitions"),
             max_records_per_partition=_positive(opts, "maxrecordsperpartition") or 1_000_000,
-            consumer_group=opts.get("consumergroup") or None,
+            consumer_group=_non_empty(opts, "consumergroup", "a consumer group name"),
             verify=_bool(opts, "verifychecksums", False),
             config=store_config(opts),
+            given=frozenset(k for k, v in opts.items() if v is not None),
         )
+
+    def ignored_in_batch(self) -> list[str]:
+        """The streaming-only options set (display names): a batch read ignores them."""
+        return [display(k) for k in STREAM_ONLY_SOURCE_OPTIONS if k in self.given]
 
 
 @dataclass(frozen=True)
@@ -311,9 +394,9 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        opts = {str(k).lower(): v for k, v in options.items()}
+        opts = _lower(options)
         _check_known(opts, SINK_OPTIONS, "sink")
-        if not opts.get("topic"):
+        if not opts.get("topic") or not str(opts["topic"]).strip():
             raise PafkaError("the 'topic' option is required to write: "
                              ".option('topic', 'clicks')")
         compression = opts.get("compression")
@@ -321,8 +404,9 @@ class SinkOptions:
         if compression is not None:
             config["compression.type"] = key_for("compression.type").parse(compression)
         return cls(
-            root=_root(opts), topic=opts["topic"].strip(), key=opts.get("key") or None,
+            root=_root(opts), topic=opts["topic"].strip(),
+            key=_non_empty(opts, "key", "a column name"),
             partitions=_positive(opts, "partitions"), compression=compression,
-            timestamp_column=opts.get("timestampcolumn") or None,
-            writer_id=opts.get("writerid") or None, config=config,
+            timestamp_column=_non_empty(opts, "timestampcolumn", "a column name"),
+            writer_id=_non_empty(opts, "writerid", "an id"), config=config,
         )

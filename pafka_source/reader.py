@@ -11,11 +11,12 @@ in ascending order (Spark compares offsets as JSON text).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from tier_store import DataLoss, PafkaError, SchemaMismatch, Store, Topic
+from tier_store.layout import STORE_FILE
 from tier_store.reading import ReadPlan, execute
 
 from .options import SourceOptions
@@ -55,6 +57,37 @@ class PafkaPartition(InputPartition):
     def __init__(self, plan: ReadPlan):  # InputPartition's own __init__ takes a value
         self.plan = plan
         self.value = None
+
+
+def require_store(root: str) -> None:
+    """Fail unless a store exists at ``root``: ``Store.open`` creates one, and a reader must
+    not leave a store behind at a mistyped path."""
+    if not os.path.isfile(os.path.join(root, STORE_FILE)):
+        raise PafkaError(f"no pafka store at {root} (no {STORE_FILE}); a read does not create "
+                         "one: check the path given to load()")
+
+
+def check_offset_options(topics: list[Topic], opts: SourceOptions) -> None:
+    """Every topic and partition that startingOffsets, endingOffsets or
+    startingOffsetsByTimestamp names is one this read reads."""
+    by_name = {t.name: t for t in topics}
+    for option, spec in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending),
+                         ("startingOffsetsByTimestamp", opts.starting_by_timestamp)):
+        if not isinstance(spec, dict):
+            continue
+        for name, parts in spec.items():
+            t = by_name.get(name)
+            if t is None:
+                raise PafkaError(f"option {option!r} names topic {name!r}, which this read does "
+                                 f"not read (it reads {', '.join(sorted(by_name))})")
+            unknown = [p for p in parts if int(p) >= t.partitions]
+            if unknown:
+                raise PafkaError(f"option {option!r} names partition {', '.join(unknown)} of "
+                                 f"topic {name!r}, which has partitions 0..{t.partitions - 1}")
+
+
+def _bounds(earliest: int, latest: int) -> str:
+    return f"earliest {earliest}, latest {latest}"
 
 
 def resolve_topics(store: Store, opts: SourceOptions) -> list[Topic]:
@@ -134,6 +167,7 @@ class _Planning:
     @property
     def store(self) -> Store:
         if self._store is None:
+            require_store(self.opts.root)
             self._store = Store.open(self.opts.root, self.opts.config or None)
         return self._store
 
@@ -222,20 +256,70 @@ class _Planning:
                 pieces.append((t, p, lo, min(e, lo + step)))
         return [PafkaPartition(t.plan_read(p, s, e)) for t, p, s, e in pieces]
 
-    def read(self, partition: PafkaPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, PafkaPartition):
+            # A batch read with nothing to read: partitions() returned [] and PySpark planned
+            # one InputPartition(None) in its place.
+            return iter(())
         return read_plan(partition.plan, self.target, self.opts.include_metadata,
                          self.opts.verify, self.opts.fail_on_data_loss)
 
 
 class PafkaBatchReader(_Planning, DataSourceReader):
     """``spark.read.format("pafka")``: from startingOffsets (default earliest) to
-    endingOffsets (default latest), as they are when the query is planned."""
+    endingOffsets (default latest), as they are when the query is planned.
+
+    As in Kafka's source, a batch read cannot start at the latest offsets (it would read
+    nothing), and every offset it names must lie in the log: a starting offset beyond the
+    latest, an ending offset beyond the latest or below the starting one is an error naming
+    the partition and its range. Streaming-only options are ignored with a warning."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType):
+        super().__init__(opts, schema)
+        if opts.starting == "latest":
+            at_latest = "'latest'"
+        elif isinstance(opts.starting, dict):
+            at_latest = ", ".join(f"{n} partition {p}" for n, parts in opts.starting.items()
+                                  for p, o in parts.items() if o == -1)
+            at_latest = f"-1 (latest) for {at_latest}" if at_latest else ""
+        else:
+            at_latest = ""
+        if at_latest:
+            raise PafkaError(f"option 'startingOffsets' is {at_latest} in a batch read: a batch "
+                             "read cannot start at the latest offsets, it would read nothing "
+                             "(Kafka's source refuses it too); use earliest, offsets or "
+                             "startingTimestamp")
+        ignored = opts.ignored_in_batch()
+        if ignored:
+            log.warning("option(s) %s only apply to streaming reads: ignored in a batch read",
+                        ", ".join(ignored))
 
     def partitions(self) -> list[PafkaPartition]:
         start = self.by_timestamp() or self.resolve(self.opts.starting, "earliest",
                                                     "startingOffsets")
         end = self.resolve(self.opts.ending, "latest", "endingOffsets")
+        self._check_range(start, end)
         return self.plan(start, end)
+
+    def _check_range(self, start: Offsets, end: Offsets) -> None:
+        """The range asked for lies in the log (a start below the earliest offset is data
+        loss, which plan() reports or skips as failOnDataLoss says)."""
+        starting = "startingOffsets" if self.opts.starting_timestamp is None and \
+            self.opts.starting_by_timestamp is None else "startingTimestamp"
+        for name, t in self.topics().items():
+            earliest, latest = t.earliest_offsets(), t.latest_offsets()
+            for p, e in end[name].items():
+                s, lo, hi = start[name][p], earliest[int(p)], latest[int(p)]
+                where = f"topic {name!r} partition {p} ({_bounds(lo, hi)})"
+                if s > hi:
+                    raise PafkaError(f"{starting}: offset {s} of {where} is beyond the latest "
+                                     "offset")
+                if e > hi:
+                    raise PafkaError(f"endingOffsets: offset {e} of {where} is beyond the latest "
+                                     "offset: those records do not exist yet")
+                if e < s:
+                    raise PafkaError(f"endingOffsets: offset {e} of {where} is below the "
+                                     f"starting offset {s}")
 
 
 class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -244,13 +328,52 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
     def __init__(self, opts: SourceOptions, schema: StructType):
         super().__init__(opts, schema)
         if opts.ending is not None:
-            raise PafkaError("endingOffsets applies to batch reads only; a stream reads on")
+            # As Kafka's source: "ending offset not valid in streaming queries".
+            raise PafkaError("option 'endingOffsets' applies to batch reads (spark.read) only: "
+                             "a streaming read has no end; remove it, or use "
+                             "trigger(availableNow=True) to stop at the offsets of the start")
+        if "maxtriggerdelay" in opts.given and opts.min_records is None:
+            log.warning("option maxTriggerDelay has no effect without minOffsetsPerTrigger")
         self._target: Offsets | None = None
         self._last_batch_ms = time.time() * 1000
 
     def initialOffset(self) -> Offsets:
-        return self.by_timestamp() or self.resolve(self.opts.starting, "latest",
-                                                   "startingOffsets")
+        start = self.by_timestamp() or self.resolve(self.opts.starting, "latest",
+                                                    "startingOffsets")
+        return self._within_log(start, "startingOffsets: offset {s} of {where} is beyond the "
+                                       "latest offset")
+
+    def _within_log(self, start: Offsets, what: str) -> Offsets:
+        """``start`` with every offset beyond its partition's latest handled as Kafka's source
+        does: data loss, which fails the query, or with failOnDataLoss=false continues from the
+        latest offset. Offsets only grow, so a position beyond the latest is a mistake or a
+        topic deleted and created again, not records still to come."""
+        topics = self.topics()
+        out: Offsets = {}
+        for name, parts in start.items():
+            t = topics.get(name)
+            if t is None:
+                out[name] = dict(parts)
+                continue
+            st = t.state(refresh=False)
+            out[name] = {}
+            for p, s in parts.items():
+                if int(p) >= st.partitions:
+                    out[name][p] = s
+                    continue
+                hi = st.next_offset[int(p)]
+                if s > hi:
+                    where = (f"topic {name!r} partition {p} "
+                             f"({_bounds(st.start_offset[int(p)], hi)})")
+                    msg = what.format(s=s, where=where)
+                    if self.opts.fail_on_data_loss:
+                        raise DataLoss(f"{msg}; set failOnDataLoss=false to continue from the "
+                                       "latest offset")
+                    log.warning("%s; continuing from the latest offset (failOnDataLoss=false)",
+                                msg)
+                    s = hi
+                out[name][p] = s
+        return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
         o = self.opts
@@ -274,6 +397,11 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         topics = self.topics()  # refreshed once: reads only the new commit-log entries
+        # A position beyond the log (the topic was deleted and created again since the
+        # checkpoint) is data loss; with failOnDataLoss=false the query continues from the
+        # latest offset, as below.
+        self._within_log(start, "the query's position {s} in {where} is beyond the latest "
+                                "offset: the topic was deleted and created again, or lost records")
         latest = {n: {str(p): o for p, o in enumerate(t.state(refresh=False).next_offset)}
                   for n, t in topics.items()}
         if self._target is not None:
@@ -336,3 +464,44 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
             if name in topics:
                 topics[name].set_position(self.opts.consumer_group,
                                           {int(p): o for p, o in parts.items()})
+
+
+class FailedStreamReader(PafkaStreamReader):
+    """A stream reader that could not be built: it raises its error from the first call.
+
+    An error raised by ``streamReader()`` reaches the user masked: PySpark's streaming runner
+    then fails in its own ``finally: reader.stop()`` (UnboundLocalError). Raised from
+    ``initialOffset()``/``latestOffset()``, the same error fails the query with its message."""
+
+    def __init__(self, error: Exception):  # no options to parse: they are what failed
+        self.error = error
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def _fail(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> Offsets:
+        self._fail()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        self._fail()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._fail()
+
+    def reportLatestOffset(self) -> Offsets:
+        self._fail()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        self._fail()
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[PafkaPartition]:
+        self._fail()
+
+    def commit(self, end: Offsets) -> None:
+        self._fail()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        self._fail()

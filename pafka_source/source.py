@@ -25,42 +25,58 @@ Sink options: ``topic``, ``key``, ``partitions`` (for a new topic), ``compressio
 
 from __future__ import annotations
 
+import logging
+
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
 from tier_store import PafkaError, SchemaMismatch, TopicExists
+from tier_store.hashing import hash_keys
 from tier_store.layout import check_topic_name
 from tier_store.topic import loose_type
 
-from .options import SinkOptions, SourceOptions, check_option_names
-from .reader import PafkaBatchReader, PafkaStreamReader, resolve_topics
+from .options import SinkOptions, SourceOptions
+from .reader import (
+    FailedStreamReader,
+    PafkaBatchReader,
+    PafkaStreamReader,
+    check_offset_options,
+    require_store,
+    resolve_topics,
+)
 from .types import spark_schema, topic_schema_from_spark
 from .writer import PafkaBatchWriter, PafkaStreamWriter, open_store
+
+log = logging.getLogger(__name__)
 
 
 class PafkaDataSource(DataSource):
     __doc__ = __doc__
 
-    def __init__(self, options: dict[str, str]):
-        super().__init__(options)
-        # Spark builds the source when a query is defined (load/start), but asks for its
-        # stream writer only when the first micro-batch runs: check what can be checked now.
-        check_option_names(options)
+    # Options are checked where Spark says which side it wants: schema() at load(), reader(),
+    # streamReader(), writer() and streamWriter(). The constructor cannot tell a read from a
+    # write, and runs no earlier than they do: at load() with schema() (not at all there when
+    # the user sets .schema(...)), and with the writer at save() or a stream's first batch.
 
     @classmethod
     def name(cls) -> str:
         return "pafka"
 
-    def schema(self) -> StructType:
+    def _open_source(self) -> tuple[SourceOptions, StructType]:
+        """Options, checked against the store, and the schema they read."""
         opts = SourceOptions.parse(self.options)
+        require_store(opts.root)
         store = open_store(opts.root, opts.config)
         topics = resolve_topics(store, opts)
-        return spark_schema(topics[0].schema, opts.include_metadata)
+        check_offset_options(topics, opts)
+        return opts, spark_schema(topics[0].schema, opts.include_metadata)
+
+    def schema(self) -> StructType:
+        return self._open_source()[1]
 
     def _source_options(self, schema: StructType) -> SourceOptions:
-        opts = SourceOptions.parse(self.options)
-        expected = self.schema()
+        opts, expected = self._open_source()
         if schema != expected:
             raise PafkaError(f"a pafka source has the topic's schema; do not set another with "
                              f".schema(): expected {expected.simpleString()}, got "
@@ -70,17 +86,17 @@ class PafkaDataSource(DataSource):
     def reader(self, schema: StructType) -> PafkaBatchReader:
         return PafkaBatchReader(self._source_options(schema), schema)
 
-    def streamReader(self, schema: StructType) -> PafkaStreamReader:
-        return PafkaStreamReader(self._source_options(schema), schema)
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        try:
+            return PafkaStreamReader(self._source_options(schema), schema)
+        except Exception as e:  # noqa: BLE001 - raised again from the reader's first call
+            return FailedStreamReader(e)
 
     def _prepare_sink(self, schema: StructType) -> tuple[SinkOptions, pa.Schema, int]:
         opts = SinkOptions.parse(self.options)
         check_topic_name(opts.topic)
         wanted = topic_schema_from_spark(schema)
-        for col, what in ((opts.key, "key"), (opts.timestamp_column, "timestampColumn")):
-            if col is not None and col not in wanted.names:
-                raise PafkaError(f"option {what!r}: column {col!r} is not in the DataFrame "
-                                 f"(columns: {wanted.names})")
+        check_sink_columns(opts, wanted)
         store = open_store(opts.root, opts.config)
         if opts.topic not in store.topics():
             try:
@@ -97,15 +113,56 @@ class PafkaDataSource(DataSource):
             diff += [f"column {n!r}: topic has {have.field(n).type}, DataFrame has "
                      f"{wanted.field(n).type}" for n in h if n in w and h[n] != w[n]]
             raise SchemaMismatch(f"cannot write to topic {opts.topic!r}: " + "; ".join(diff))
+        check_partitions_option(opts, topic.partitions)
         return opts, have, topic.partitions
 
     def writer(self, schema: StructType, overwrite: bool) -> PafkaBatchWriter:
         if overwrite:
             raise PafkaError("a pafka topic is an append-only log: use mode('append'), not "
                              "overwrite")
-        return PafkaBatchWriter(*self._prepare_sink(schema))
+        prepared = self._prepare_sink(schema)
+        if prepared[0].writer_id is not None:
+            # A batch write is one atomic append with no batch id to replay: nothing for a
+            # writer id to make idempotent.
+            log.warning("option writerId only applies to streaming writes: ignored in a batch "
+                        "write")
+        return PafkaBatchWriter(*prepared)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PafkaStreamWriter:
         if overwrite:
             raise PafkaError("a pafka topic is an append-only log: use outputMode('append')")
         return PafkaStreamWriter(*self._prepare_sink(schema))
+
+
+def check_sink_columns(opts: SinkOptions, wanted: pa.Schema) -> None:
+    """What executors would find out only after the topic was created: the key and
+    timestampColumn columns exist and have types the store takes, and a reader can read every
+    column back."""
+    for col, what in ((opts.key, "key"), (opts.timestamp_column, "timestampColumn")):
+        if col is not None and col not in wanted.names:
+            raise PafkaError(f"option {what!r}: column {col!r} is not in the DataFrame "
+                             f"(columns: {wanted.names})")
+    if opts.key is not None:
+        # The store's own hash decides (and words the error), on an empty probe of the type.
+        hash_keys(pa.nulls(1, wanted.field(opts.key).type))
+    if opts.timestamp_column is not None:
+        t = wanted.field(opts.timestamp_column).type
+        if not (pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_integer(t)):
+            # The words of tier_store.topic, which checks the same on executors.
+            raise PafkaError(f"timestamp column {opts.timestamp_column!r} must be a timestamp, "
+                             f"date or integer (milliseconds) column, not {t}")
+    try:
+        spark_schema(wanted, include_metadata=False)
+    except PafkaError as e:
+        raise PafkaError(f"cannot write to topic {opts.topic!r}: a read could not give the "
+                         f"column back to Spark: {e}") from None
+
+
+def check_partitions_option(opts: SinkOptions, partitions: int) -> None:
+    """``partitions`` sizes a topic this write creates; it cannot resize one (a Kafka producer
+    cannot either): a different count is an error rather than silently ignored."""
+    if opts.partitions is not None and opts.partitions != partitions:
+        raise PafkaError(f"option 'partitions' is {opts.partitions}, but topic {opts.topic!r} "
+                         f"already exists with {partitions} partitions: the option only sizes a "
+                         "topic the write creates; remove it, or add partitions with "
+                         "Topic.add_partitions()")

@@ -50,8 +50,9 @@ def _spark_arrow_type(t: pa.DataType, where: str) -> pa.DataType:
     if pa.types.is_map(t):
         return pa.map_(_field(t.key_field, f"{where}.key").with_nullable(False),
                        _field(t.item_field, f"{where}.value"))
-    if pa.types.is_time(t) or pa.types.is_duration(t) or pa.types.is_union(t) or \
-            pa.types.is_null(t):
+    if pa.types.is_duration(t):  # Spark's day-time interval
+        return pa.duration("us")
+    if pa.types.is_time(t) or pa.types.is_union(t) or pa.types.is_null(t):
         raise PafkaError(f"column {where}: Arrow type {t} has no Spark counterpart; write it "
                          "as another type (e.g. int64 microseconds)")
     return t
