@@ -207,26 +207,14 @@ def _config_args(args: argparse.Namespace) -> dict[str, str]:
     return conf
 
 
-class _MoveFailed(PafkaError, OSError):
-    """One move's OSError (a segment file missing or unreadable), as a PafkaError too."""
-
-
 class _ReportingStore(Store):
     """A store for ``pafka migrate``: reports each move as it completes (the service reports a
-    run's moves only once all are done), and makes an OSError of one move (a segment file
-    missing or unreadable) a PafkaError as well. A service that skips a move raising
-    PafkaError but not OSError then logs that move as skipped, naming the file, and goes on
-    with the others instead of ending the run; one that handles OSError still sees one."""
+    run's moves only once all are done)."""
 
     on_moved: Callable[[MoveResult], None] | None = None  # called on the moving thread
 
     def move_segment(self, segment_id: str, *args: Any, **kwargs: Any) -> MoveResult:
-        try:
-            r = super().move_segment(segment_id, *args, **kwargs)
-        except PafkaError:
-            raise
-        except OSError as e:
-            raise _MoveFailed(e.errno, e.strerror or str(e), e.filename) from e
+        r = super().move_segment(segment_id, *args, **kwargs)
         if self.on_moved is not None:
             self.on_moved(r)
         return r

@@ -27,12 +27,9 @@ Thread-safety: a :class:`CommitLog` holds no mutable state; it is safe to share.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import time
-from collections.abc import Iterator
 
 import pyarrow as pa
 
@@ -46,6 +43,7 @@ from .layout import (
     TMP_PREFIX,
     checkpoint_name,
     entry_name,
+    file_lock,
     fsync_dir,
     parse_log_name,
     write_atomic,
@@ -196,7 +194,7 @@ class CommitLog:
             os.unlink(tmp)
         fsync_dir(self.path)
         crash_point("checkpoint.pointer")
-        with self._pointer_lock():
+        with file_lock(os.path.join(self.path, CHECKPOINT_LOCK)):
             # Re-read under the lock: while this committer was writing (or stalled), others
             # may have written newer checkpoints and cleaned up behind them, ours included.
             previous = self.last_checkpoint()
@@ -208,17 +206,6 @@ class CommitLog:
         log.debug("topic %s: checkpoint at version %d", self.topic, state.version)
         if previous is not None:
             self.cleanup(previous, grace_ms)
-
-    @contextlib.contextmanager
-    def _pointer_lock(self) -> Iterator[None]:
-        """Hold the flock that orders updates of ``_last_checkpoint`` (across processes and,
-        each call opening its own file description, across threads)."""
-        fd = os.open(os.path.join(self.path, CHECKPOINT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
 
     def cleanup(self, keep_from: int, grace_ms: int) -> int:
         """Delete entries and checkpoints below ``keep_from`` (and stale temp files) that are

@@ -22,8 +22,11 @@ Numbers are zero-padded to 20 digits so that ``ls`` sorts them numerically.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
+from collections.abc import Iterator
 
 from .errors import PafkaError
 
@@ -109,6 +112,19 @@ def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing). Each call opens its own
+    file description, so it orders threads as well as processes; the kernel drops it if the
+    process dies, so a crash leaves no lock behind."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)
 

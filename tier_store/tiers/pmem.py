@@ -11,13 +11,10 @@ renamed back into the pool. Capacity is the pool, as in Pafka.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
 import struct
-from collections.abc import Iterator
 
 import pyarrow as pa
 
@@ -30,6 +27,7 @@ from ..layout import (
     POOL_SUFFIX,
     SEGMENT_SUFFIX,
     TMP_PREFIX,
+    file_lock,
     fsync_dir,
     makedirs_durable,
     write_atomic,
@@ -135,17 +133,6 @@ class PmemTier(Tier):
         except FileNotFoundError:
             return False
 
-    @contextlib.contextmanager
-    def _pool_lock(self) -> Iterator[None]:
-        """Hold the flock that lets one process at a time complete the pool (released by
-        the kernel if it dies)."""
-        fd = os.open(os.path.join(self.pool_dir, POOL_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def ensure_pool(self) -> int:
         """Complete the pool: remove temp files of processes that died creating a pool file,
         then create pool files until free + in-use ones reach :attr:`pool_size`; return how
@@ -157,7 +144,7 @@ class PmemTier(Tier):
         self.prepare()
         if self._marked_complete():
             return 0
-        with self._pool_lock():
+        with file_lock(os.path.join(self.pool_dir, POOL_LOCK)):
             if self._marked_complete():  # completed by another process while we waited
                 return 0
             self._remove_dead_temp_files()
