@@ -16,6 +16,7 @@ Under each tier directory::
     _pool/<6-digit slot>.pool           a free, pre-sized segment file (pmem tiers)
     _pool/_complete                     pool size and file size of a complete pool
     _pool/_lock                         flock held while completing the pool
+    _pafka_store                        the store that owns a tier outside its root
 
 Numbers are zero-padded to 20 digits so that ``ls`` sorts them numerically.
 """
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from .errors import PafkaError
 
 STORE_FILE = "_store.json"
+TIER_OWNER = "_pafka_store"
 LOG_DIR = "_log"
 PARTITIONS_DIR = "_partitions"
 POOL_DIR = "_pool"

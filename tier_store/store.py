@@ -4,6 +4,11 @@
 ``<root>/_store.json`` on first open; every later open — executors, the CLI, notebooks —
 reads it, and a given layout key that differs is a :class:`ConfigError` naming both values.
 
+A store can be moved or copied as a directory: tier paths inside the root are saved relative
+to it. A tier outside the root is claimed by a ``_pafka_store`` file in its directory, so that
+a copy of the root, or a second store given the same tier directory, fails to open instead of
+writing segments over the owner's.
+
 Thread-safety: a store may be shared by threads; topic handles are cached per store.
 """
 
@@ -16,24 +21,35 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from .commit_log import CommitLog
-from .config import LAYOUT_KEYS, StoreConfig, load_config, parse_config, render_value
+from .config import (
+    LAYOUT_KEYS,
+    StoreConfig,
+    load_config,
+    parse_config,
+    render_value,
+    tier_key,
+)
 from .entries import CreateEntry, schema_to_text
 from .errors import ConfigError, PafkaError, StoreFull, TopicExists, TopicNotFound
 from .garbage import collect_garbage
 from .layout import (
     STORE_FILE,
+    TIER_OWNER,
     check_topic_name,
     entry_name,
     fsync_dir,
     log_dir,
     makedirs_durable,
     partitions_dir,
+    write_atomic,
+    write_temp,
 )
 from .moves import MoveResult, move_segment
 from .recovery import CheckReport, check_topic
@@ -79,22 +95,28 @@ class Store:
         :mod:`tier_store.config`.
         """
         root = os.path.abspath(os.fspath(root))
-        given = load_config(config)
+        # Relative tier paths given now are relative to the working directory, as in any
+        # command; the saved ones are relative to the root.
+        given = {k: _resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
         makedirs_durable(root)
         saved = _read_saved(root)
+        store_id = uuid.uuid4().hex
         if saved is None:
             effective = StoreConfig(given)
             layout = effective.layout(root)
-            if not _save(root, effective, layout):
+            if not _save(root, effective, layout, store_id):
                 # another process created it first: validate against theirs
                 saved = _read_saved(root)
         if saved is not None:
+            store_id = saved.get("id")
             base = StoreConfig(parse_config(saved["config"]))
             _check_layout(root, base, given, saved["layout"])
             effective = base.with_overrides(given)
         tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
         for t in tiers:
             t.prepare()
+            if "://" not in t.path and not _inside(root, t.path):
+                _claim_tier(root, store_id, t)
             if isinstance(t, PmemTier):
                 # On every open, not only the first: a crash while pre-allocating (or a tier
                 # on RAM that lost its files) must not leave the pool short for good. Cheap
@@ -294,7 +316,32 @@ def _jsonable(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
+def _inside(root: str, path: str) -> bool:
+    return os.path.commonpath([root, path]) == root
+
+
+def _is_path_key(key: str) -> bool:
+    tk = tier_key(key)
+    return tk is not None and tk[1] == "paths"
+
+
+def _resolve_path(base: str, key: str, value: Any) -> Any:
+    """A local tier path made absolute against ``base``; any other value as it is."""
+    if _is_path_key(key) and isinstance(value, str) and value and "://" not in value:
+        return os.path.normpath(os.path.join(base, value))
+    return value
+
+
+def _portable_path(root: str, key: str, value: Any) -> Any:
+    """A local tier path inside ``root`` made relative to it, so that the root can move."""
+    if _is_path_key(key) and isinstance(value, str) and os.path.isabs(value) \
+            and _inside(root, value):
+        return os.path.relpath(value, root)
+    return value
+
+
 def _read_saved(root: str) -> dict[str, Any] | None:
+    """``_store.json`` with its relative tier paths resolved against ``root``."""
     path = os.path.join(root, STORE_FILE)
     try:
         with open(path, "rb") as f:
@@ -303,15 +350,88 @@ def _read_saved(root: str) -> dict[str, Any] | None:
         return None
     except ValueError as e:
         raise ConfigError(f"saved store configuration {path} is unreadable: {e}") from None
-    if saved.get("format") != _FORMAT:
-        raise ConfigError(f"{path}: unsupported store format {saved.get('format')!r}")
+    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
+        found = saved.get("format") if isinstance(saved, dict) else saved
+        raise ConfigError(f"{path}: unsupported store format {found!r}")
+    layout = saved.get("layout")
+    if not isinstance(saved.get("config"), dict) or not isinstance(layout, dict) \
+            or not isinstance(layout.get("tier.paths"), list):
+        raise ConfigError(f"saved store configuration {path} is damaged: expected config and "
+                          "layout objects, the layout with tier.paths")
+    saved["config"] = {k: _resolve_path(root, k, v) for k, v in saved["config"].items()}
+    layout["tier.paths"] = [_resolve_path(root, "storage.tiers.1.paths", p)
+                            for p in layout["tier.paths"]]
     return saved
 
 
-def _save(root: str, config: StoreConfig, layout: dict[str, Any]) -> bool:
+def _claim_tier(root: str, store_id: str | None, tier: Tier) -> None:
+    """Make sure no other store writes into ``tier``, a local directory outside ``root``.
+
+    Its ``_pafka_store`` file names the owning store (id and root). The tier is refused when
+    that file names a store that still exists and is not this one: a copy of this root (same
+    id, another ``_store.json``) or another store. It is taken over when its owner is gone;
+    the same store seen through another path (a symlink, another mount) is left as it is.
+    """
+    marker = os.path.join(tier.path, TIER_OWNER)
+    mine = json.dumps({"store": store_id, "root": root}).encode()
+    for _ in range(3):
+        try:
+            with open(marker, "rb") as f:
+                owner = json.loads(f.read())
+            owner_root, owner_id = str(owner["root"]), owner.get("store")
+        except FileNotFoundError:
+            tmp = write_temp(tier.path, mine)
+            try:
+                os.link(tmp, marker)
+            except FileExistsError:
+                continue  # claimed by another process meanwhile: read theirs
+            finally:
+                os.unlink(tmp)
+            fsync_dir(tier.path)
+            return
+        except (ValueError, KeyError, TypeError):
+            owner_root, owner_id = "", None  # unreadable: as if its owner were gone
+        same_id = owner_id is None or store_id is None or owner_id == store_id
+        if owner_root == root and same_id:
+            return
+        other = _owner_store(owner_root)
+        if other is not None and (other.get("id") is None or other.get("id") == owner_id):
+            owner_file = os.path.join(owner_root, STORE_FILE)
+            if same_id and os.path.samefile(owner_file, os.path.join(root, STORE_FILE)):
+                return  # this store, through another path
+            what = "a copy of that store" if same_id else "another store"
+            raise ConfigError(
+                f"tier {tier.number} directory {tier.path} belongs to the store at "
+                f"{owner_root} (see {marker}); the store at {root} is {what} and would "
+                f"write over its segments. Open the store at {owner_root}, or create this "
+                f"one with storage.tiers.{tier.number}.paths naming a directory of its own")
+        if same_id:
+            return  # this store, moved, or seen through a path that is not visible here
+        log.warning("tier %d directory %s: taking it over from the store at %s, which is "
+                    "gone", tier.number, tier.path, owner_root)
+        write_atomic(marker, mine)
+        return
+    raise ConfigError(f"tier {tier.number} directory {tier.path}: {marker} keeps changing; "
+                      "is another store being created with the same tier directory?")
+
+
+def _owner_store(root: str) -> dict[str, Any] | None:
+    """The saved configuration of the store at ``root``; None if there is none (readable)."""
+    try:
+        with open(os.path.join(root, STORE_FILE), "rb") as f:
+            saved = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _save(root: str, config: StoreConfig, layout: dict[str, Any], store_id: str) -> bool:
     """Write ``_store.json`` exclusively; False if another process saved one first."""
-    body = {"format": _FORMAT, "config": {k: _jsonable(v) for k, v in config.explicit().items()},
-            "layout": layout}
+    body = {"format": _FORMAT, "id": store_id,
+            "config": {k: _portable_path(root, k, _jsonable(v))
+                       for k, v in config.explicit().items()},
+            "layout": {**layout, "tier.paths": [_portable_path(root, "storage.tiers.1.paths", p)
+                                                for p in layout["tier.paths"]]}}
     path = os.path.join(root, STORE_FILE)
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     with open(tmp, "wb") as f:

@@ -1,0 +1,127 @@
+"""A store is a directory: moved or copied with ``mv``/``cp -r``, it opens where it lands;
+a copy never writes into the tier directories of the store it was copied from."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tier_store import ConfigError, Store
+
+from .conftest import SCHEMA, make_batch, read_all
+
+
+def _fill(root, config=None, rows=(0, 10)):
+    with Store.open(root, config) as s:
+        t = s.topic("t") if s.has_topic("t") else s.create_topic("t", SCHEMA, partitions=2)
+        t.append(make_batch(*rows), partition=0)
+
+
+def test_tier_paths_inside_the_root_are_saved_relative_to_it(tmp_path):
+    root = tmp_path / "store"
+    _fill(root, {"storage.tiers.first.paths": str(root / "fast")})
+    saved = json.loads((root / "_store.json").read_text())
+    assert saved["layout"]["tier.paths"] == ["fast"]
+    assert saved["config"]["storage.tiers.first.paths"] == "fast"
+    assert Store.open(root).tiers[0].path == str(root / "fast")
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_a_moved_store_opens_where_it_lands(tmp_path, explicit):
+    conf = {"storage.tiers.first.paths": str(tmp_path / "a" / "fast")} if explicit else None
+    _fill(tmp_path / "a", conf)
+    os.rename(tmp_path / "a", tmp_path / "b")
+    with Store.open(tmp_path / "b") as s:
+        assert s.tiers[0].path.startswith(str(tmp_path / "b"))
+        assert read_all(s.topic("t"), 0) == list(range(10))
+    _fill(tmp_path / "b", rows=(10, 5))
+    with Store.open(tmp_path / "b") as s:
+        assert read_all(s.topic("t"), 0) == list(range(15))
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_a_copied_store_is_independent_of_its_original(tmp_path, explicit):
+    # Before, the copy either failed to open (default tier path, saved absolute) or, with an
+    # explicit tier path inside the root, wrote its segments into the original's tier.
+    conf = {"storage.tiers.first.paths": str(tmp_path / "a" / "fast")} if explicit else None
+    _fill(tmp_path / "a", conf)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    before = _contents(tmp_path / "a")
+    for i in range(3):
+        _fill(tmp_path / "b", rows=(100 + 10 * i, 10))
+    assert _contents(tmp_path / "a") == before
+    with Store.open(tmp_path / "a") as a:
+        assert read_all(a.topic("t"), 0) == list(range(10))
+    shutil.rmtree(tmp_path / "a")
+    with Store.open(tmp_path / "b") as b:
+        assert read_all(b.topic("t"), 0) == list(range(10)) + list(range(100, 130))
+        assert all(r.ok for r in b.check())
+
+
+def _contents(root):
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(d, f), root)] = fh.read()
+    return out
+
+
+def test_relative_tier_paths_given_are_relative_to_the_working_directory(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fill("store", {"storage.tiers.first.paths": "elsewhere/fast"})
+    saved = json.loads((tmp_path / "store" / "_store.json").read_text())
+    assert saved["layout"]["tier.paths"] == [str(tmp_path / "elsewhere" / "fast")]
+    monkeypatch.chdir(tmp_path / "elsewhere")  # another working directory: same store
+    with Store.open(tmp_path / "store") as s:
+        assert s.tiers[0].path == str(tmp_path / "elsewhere" / "fast")
+        assert read_all(s.topic("t"), 0) == list(range(10))
+
+
+def _outside(tmp_path, shm_dir):
+    return {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0}
+
+
+def test_a_copy_of_a_store_with_a_tier_outside_its_root_is_refused(tmp_path, shm_dir):
+    _fill(tmp_path / "a", _outside(tmp_path, shm_dir))
+    owner = json.loads(Path(shm_dir, "_pafka_store").read_text())
+    assert owner["root"] == str(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with pytest.raises(ConfigError, match=(
+            f"tier 1 directory {shm_dir} belongs to the store at {tmp_path / 'a'} .* the "
+            f"store at {tmp_path / 'b'} is a copy of that store")):
+        Store.open(tmp_path / "b")
+    # The original is untouched and still opens, through a symlink too.
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    for root in (tmp_path / "a", tmp_path / "link"):
+        with Store.open(root) as s:
+            assert read_all(s.topic("t"), 0) == list(range(10))
+    # Once the original is gone, the copy is the store (as after a move).
+    shutil.rmtree(tmp_path / "a")
+    _fill(tmp_path / "b", rows=(10, 5))
+    with Store.open(tmp_path / "b") as s:
+        assert read_all(s.topic("t"), 0) == list(range(15))
+
+
+def test_two_stores_given_one_tier_directory_are_refused(tmp_path, shm_dir):
+    conf = _outside(tmp_path, shm_dir)
+    _fill(tmp_path / "a", conf)
+    with pytest.raises(ConfigError, match=f"the store at {tmp_path / 'b'} is another store"):
+        Store.open(tmp_path / "b", conf)
+    # A new store made where a deleted one was takes its tier over.
+    shutil.rmtree(tmp_path / "a")
+    _fill(tmp_path / "a", conf)
+    owner = json.loads(Path(shm_dir, "_pafka_store").read_text())
+    saved = json.loads((tmp_path / "a" / "_store.json").read_text())
+    assert owner == {"store": saved["id"], "root": str(tmp_path / "a")}
+
+
+def test_a_damaged_store_file_is_named(tmp_path):
+    (tmp_path / "_store.json").write_text('{"format": 1, "config": {}, "layout": {}}')
+    with pytest.raises(ConfigError, match=f"{tmp_path / '_store.json'} is damaged"):
+        Store.open(tmp_path)
