@@ -236,7 +236,7 @@ class _Planning:
             for p, e in parts.items():
                 s = start.get(name, {}).get(p, earliest[int(p)])
                 if s < earliest[int(p)]:
-                    lost = (f"topic {name!r} partition {p}: offsets {s}..{earliest[int(p)] - 1} "
+                    lost = (f"topic {name!r} partition {p}: offsets [{s}, {earliest[int(p)]}) "
                             f"were deleted by retention before they were read")
                     if self.opts.fail_on_data_loss:
                         raise DataLoss(lost + "; set failOnDataLoss=false to skip them")

@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from tier_store import PafkaError, Store
+from tier_store import ConfigError, PafkaError, Store
 
 from .conftest import ROOT, SCHEMA, make_batch
 
@@ -220,15 +220,34 @@ def test_set_refuses_tier_sizes_and_paths(tmp_path, shm_dir):
     assert sorted(os.listdir(os.path.join(shm_dir, "_pool"))) == pool  # the pool is unchanged
 
 
-def test_tiers_never_shows_a_negative_count_of_pool_files_in_use(tmp_path, shm_dir):
-    _tiered(tmp_path, shm_dir, n=10)
-    Store.open(tmp_path, {"storage.tiers.first.sizes": "2m"})  # grows the pool on disk
-    r = _pafka("tiers", str(tmp_path))
+def test_resize_grows_and_shrinks_a_pmem_pool_for_every_later_open(tmp_path, shm_dir):
+    _tiered(tmp_path, shm_dir, n=60)
+    # An open naming another size is refused: it used to grow the pool on disk while
+    # _store.json kept the old size, and `tiers` then showed a negative count in use.
+    with pytest.raises(ConfigError, match=r"storage\.tiers\.1\.sizes=2097152 conflicts .*"
+                                          r"holds 1048576 bytes.*pafka resize"):
+        Store.open(tmp_path, {"storage.tiers.first.sizes": "2m"})
+    pool = os.path.join(shm_dir, "_pool")
+    assert len([n for n in os.listdir(pool) if n.endswith(".pool")]) < 16
+    r = _pafka("resize", str(tmp_path), "1", "2m")
     assert r.returncode == 0, r.stderr
-    assert "pool -" not in r.stdout and "/-" not in r.stdout
-    free = next(u for u in Store.open(tmp_path).tier_usage() if u["tier"] == 1)["pool_free"]
-    if free > 16:
-        assert f"pool holds {free} free files, more than the 16 configured" in r.stdout
+    assert "1.0 MiB -> 2.0 MiB; pool 16 -> 32 files (+16)" in r.stdout
+    s = Store.open(tmp_path)
+    assert s.tiers[0].capacity == 2 * 1024 * 1024 and s.tiers[0].pool_size == 32
+    used = s.tier_usage()[0]
+    in_use = used["pool_files"] - used["pool_free"]
+    assert used["pool_files"] == 32 and in_use == used["segments"] > 1
+    assert f"pool {in_use}/32 files in use" in _pafka("tiers", str(tmp_path)).stdout
+    # Shrinking gives up free pool files only; below the segments it needs, it is refused.
+    r = _pafka("resize", str(tmp_path), "1", "64k")
+    _one_line_error(r, f"holds {in_use} segments; a pool of 1 files", "pafka migrate")
+    r = _pafka("resize", str(tmp_path), "1", str(in_use * 64 * 1024))
+    assert r.returncode == 0 and f"pool 32 -> {in_use} files (-{32 - in_use})" in r.stdout
+    assert Store.open(tmp_path).tier_usage()[0]["pool_free"] == 0
+    assert f"pool {in_use}/{in_use} files in use" in _pafka("tiers", str(tmp_path)).stdout
+    _one_line_error(_pafka("resize", str(tmp_path), "3", "1g"), "has no tier 3")
+    _one_line_error(_pafka("resize", str(tmp_path), "1", "lots"),
+                    "storage.tiers.first.sizes", "a size in bytes")
 
 
 def test_migrate_with_migration_disabled_says_so(tmp_path, shm_dir):

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from tier_store import ConfigError, Store
+from tier_store import ConfigError, PafkaError, Store
 from tier_store.config import KEYS, markdown_table, properties_text, read_properties
 
 from .conftest import ROOT, SCHEMA
@@ -126,6 +126,25 @@ def test_layout_is_saved_and_a_conflicting_open_names_both_values(tmp_path):
     assert again.config["log.segment.bytes"] == 1024 * 1024
     with pytest.raises(ConfigError, match=r"log\.segment\.bytes=2097152.*1048576"):
         Store.open(tmp_path, {"log.segment.bytes": "2m"})
+
+
+def test_tier_sizes_are_saved_and_change_only_by_resizing(tmp_path):
+    mib = 1024 * 1024
+    Store.open(tmp_path, {"storage.tiers.first.sizes": "128m"})
+    assert Store.open(tmp_path).tiers[0].capacity == 128 * mib
+    Store.open(tmp_path, {"storage.tiers.1.sizes": "128m"})  # the saved size: fine
+    with pytest.raises(ConfigError, match=r"storage\.tiers\.1\.sizes=268435456 conflicts "
+                                          r".*holds 134217728 bytes.*pafka resize"):
+        Store.open(tmp_path, {"storage.tiers.first.sizes": "256m"})
+    s = Store.open(tmp_path)
+    assert s.resize_tier(1, "256m") == 0
+    assert s.tiers[0].capacity == 256 * mib and s.config["storage.tiers.first.sizes"] == 256 * mib
+    assert Store.open(tmp_path, {"storage.tiers.first.sizes": "256m"}).tiers[0].capacity \
+        == 256 * mib
+    with pytest.raises(ConfigError, match=r"storage\.tiers\.first\.sizes.* >= 65536"):
+        s.resize_tier(1, 10)
+    with pytest.raises(PafkaError, match="has no tier 2"):
+        s.resize_tier(2, "1g")
 
 
 def test_changeable_keys_may_differ_per_open(tmp_path):

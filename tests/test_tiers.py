@@ -275,6 +275,32 @@ def test_a_crash_while_preallocating_the_pool_is_completed_by_the_next_open(tmp_
     assert in_use > 0 and again["pool_free"] == 16 - in_use
 
 
+@pytest.mark.parametrize("point,after,size,files", [
+    ("resize.shrunk", "0", "512k", 16),  # died before saving: the old size stands
+    ("pool.create", "3", "2m", 32),  # died growing the pool after saving: the new size
+])
+def test_a_crash_while_resizing_a_pool_leaves_one_the_next_open_completes(
+        tmp_path, shm_dir, point, after, size, files):
+    root = str(tmp_path / "s")
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0}
+    s = Store.open(root, conf)
+    t = s.create_topic("t", SCHEMA)
+    for i in range(20):
+        t.append(make_batch(i * 200, 200))
+    in_use = sum(x.tier == 1 for x in t.segments())
+    code = f"from tier_store import Store; Store.open({root!r}).resize_tier(1, {size!r})"
+    r = _run(code, dict(os.environ, PAFKA_CRASH_POINT=point, PAFKA_CRASH_AFTER=after))
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    pool = os.path.join(shm_dir, "_pool")
+    assert not os.path.exists(os.path.join(pool, "_complete"))
+    s = Store.open(root)
+    usage = next(u for u in s.tier_usage() if u["tier"] == 1)
+    assert usage["pool_files"] == files and usage["pool_free"] == files - in_use > 0
+    assert read_all(s.topic("t"), 0) == list(range(4000))
+
+
 def test_pmem_store_falls_over_to_tier_two_when_the_pool_is_empty(tiered_store):
     t = tiered_store.create_topic("t", SCHEMA)  # 16 pool files of 64 KiB
     for i in range(200):

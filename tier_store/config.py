@@ -4,9 +4,10 @@ The validator, the README's key table and ``conf/pafka.properties`` all come fro
 :data:`KEYS`. Precedence, highest first: per-call options (a dict), a ``.properties`` file,
 the store's saved configuration (``_store.json``), the declared defaults.
 
-Layout keys (tier types, paths, segment size, channel type) are fixed when a store is
+Layout keys (tier types, paths, sizes, segment size, channel type) are fixed when a store is
 created; a later open that names a different value fails with :class:`ConfigError` naming
-both values. Keys declared ``changeable`` may differ per open.
+both values. A tier's size changes with ``Store.resize_tier`` (``pafka resize``), which saves
+it for every process. Keys declared ``changeable`` may differ per open.
 """
 
 from __future__ import annotations
@@ -167,12 +168,12 @@ KEYS: dict[str, ConfigKey] = {
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
         ConfigKey("storage.tiers.first.sizes", "size", 1 * GiB,
                   "Capacity of tier 1 in bytes. Alias of storage.tiers.1.sizes.",
-                  changeable=True, minimum=64 * KiB),
+                  minimum=64 * KiB),
         ConfigKey("storage.tiers.second.paths", "path", "",
                   "Directory of tier 2 (empty: <root>/tier-2). Alias of storage.tiers.2.paths."),
         ConfigKey("storage.tiers.second.sizes", "size", 0,
                   "Capacity of tier 2 in bytes; 0 means limited only by the filesystem. "
-                  "Alias of storage.tiers.2.sizes.", changeable=True, minimum=0),
+                  "Alias of storage.tiers.2.sizes.", minimum=0),
         ConfigKey("storage.migrate.threshold", "float", 0.5,
                   "Fraction of tier 1 that should hold data in the balanced state; -1 disables "
                   "migration.", changeable=True, minimum=0.0, maximum=1.0, special=(-1,)),
@@ -422,7 +423,9 @@ def properties_text() -> str:
              "# first open; a later open that sets one to another value is an error.", ""]
     for key in KEYS.values():
         lines.append(f"# {key.doc}")
-        fixed = "" if key.changeable else " Fixed when the store is created."
+        fixed = "" if key.changeable else (
+            " Saved when the store is created; `pafka resize` changes it."
+            if key.name.endswith(".sizes") else " Fixed when the store is created.")
         lines.append(f"# Allowed: {key.allowed()}.{fixed}")
         lines.append(f"#{key.name}={render_value(key.default)}")
         lines.append("")
@@ -445,13 +448,20 @@ def render_value(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _changeable_text(key: ConfigKey) -> str:
+    if key.changeable:
+        return "yes"
+    return "`pafka resize`" if key.name.endswith(".sizes") else "no"
+
+
 def markdown_table() -> str:
     """The README's table of keys."""
     rows = ["| key | default | allowed | changeable | meaning |", "|---|---|---|---|---|"]
     for key in KEYS.values():
         rows.append(f"| `{key.name}` | `{render_value(key.default)}` | {key.allowed()} | "
-                    f"{'yes' if key.changeable else 'no'} | {key.doc} |")
+                    f"{_changeable_text(key)} | {key.doc} |")
     rows.append("| `storage.tiers.<n>.paths` / `.sizes` | | as tier 2; n at most the number "
-                "of storage.tiers.types | paths no, sizes yes | Tier n of storage.tiers.types "
-                "(1-based; `first` = 1, `second` = 2), e.g. a REMOTE third tier. |")
+                "of storage.tiers.types | paths no, sizes `pafka resize` | Tier n of "
+                "storage.tiers.types (1-based; `first` = 1, `second` = 2), e.g. a REMOTE "
+                "third tier. |")
     return "\n".join(rows)

@@ -3,6 +3,7 @@
 Under the store root::
 
     _store.json                         saved configuration (tiers, segment size)
+    _store.lock                         flock held while a tier is resized
     <topic>/_log/<20-digit>.json        commit-log entries, one per version
     <topic>/_log/<20-digit>.checkpoint  topic state at that version (Arrow IPC file)
     <topic>/_log/_last_checkpoint       version of the newest checkpoint
@@ -32,6 +33,7 @@ from collections.abc import Iterator
 from .errors import PafkaError
 
 STORE_FILE = "_store.json"
+STORE_LOCK = "_store.lock"
 TIER_OWNER = "_pafka_store"
 LOG_DIR = "_log"
 PARTITIONS_DIR = "_partitions"

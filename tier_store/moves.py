@@ -304,7 +304,7 @@ def _upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarr
     try:
         for c in chunks:
             if checksum(read_range(final, c.pos, c.len)) != c.crc:
-                raise CorruptSegment(f"{final}: chunk with offsets {c.base}..{c.base + c.n - 1} "
+                raise CorruptSegment(f"{final}: chunk with offsets [{c.base}, {c.base + c.n}) "
                                      "does not match its checksum after upload; move abandoned")
         crash_point("move.verified")
     except BaseException:
@@ -466,7 +466,7 @@ def _verify(path: str, chunks: list[ChunkRecord]) -> None:
         buf = mm.read_buffer()
         for c in chunks:
             if checksum(buf.slice(c.pos, c.len)) != c.crc:
-                raise CorruptSegment(f"{path}: chunk with offsets {c.base}..{c.base + c.n - 1} "
+                raise CorruptSegment(f"{path}: chunk with offsets [{c.base}, {c.base + c.n}) "
                                      "does not match its checksum after copying; move abandoned")
 
 

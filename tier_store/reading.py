@@ -155,12 +155,12 @@ def execute(plan: ReadPlan, verify: bool = False, replan: bool = True
             yield from execute(rest, verify, replan=False)
             return
         def where(c: PlannedChunk = c) -> str:
-            return (f"{plan.topic}/{plan.partition} offsets {c.base}..{c.base + c.records - 1} "
+            return (f"{plan.topic}/{plan.partition} offsets [{c.base}, {c.base + c.records}) "
                     f"in {c.path}")
 
         if verify and checksum(buf) != c.crc:
             raise CorruptSegment(f"topic {plan.topic!r} partition {plan.partition}: chunk with "
-                                 f"offsets {c.base}..{c.base + c.records - 1} in {c.path} does "
+                                 f"offsets [{c.base}, {c.base + c.records}) in {c.path} does "
                                  "not match its checksum")
         row = c.base
         for batch in decoder.batches(buf, where):

@@ -75,7 +75,7 @@ def check_topic(topic: Topic, verify: bool = True,
             if hdr is None:
                 raise FileNotFoundError(path)
         except FileNotFoundError:
-            report.problems.append(f"segment {seg.id} (offsets {seg.base}..{seg.end - 1}): "
+            report.problems.append(f"segment {seg.id} (offsets [{seg.base}, {seg.end})): "
                                    f"file {path} is missing")
             continue
         except CorruptSegment as e:
@@ -99,7 +99,7 @@ def check_topic(topic: Topic, verify: bool = True,
                 base = int(r["base"])
                 report.problems.append(
                     f"{path}: chunk at byte {pos} (partition {seg.partition}, offsets "
-                    f"{base}..{base + int(r['n']) - 1}) does not match its checksum")
+                    f"[{base}, {base + int(r['n'])})) does not match its checksum")
             report.bytes_verified += length
             if progress is not None:
                 progress(length)

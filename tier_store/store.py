@@ -31,6 +31,7 @@ from .commit_log import CommitLog
 from .config import (
     LAYOUT_KEYS,
     StoreConfig,
+    canonical_key,
     load_config,
     parse_config,
     render_value,
@@ -41,9 +42,11 @@ from .errors import ConfigError, PafkaError, StoreFull, TopicExists, TopicNotFou
 from .garbage import collect_garbage
 from .layout import (
     STORE_FILE,
+    STORE_LOCK,
     TIER_OWNER,
     check_topic_name,
     entry_name,
+    file_lock,
     fsync_dir,
     log_dir,
     makedirs_durable,
@@ -244,7 +247,7 @@ class Store:
             + (f", {t.free_pool_files()} free pool files" if isinstance(t, PmemTier) else "")
             for t in self.tiers)
         raise StoreFull(f"no tier has room for a new segment of topic {topic!r} partition "
-                        f"{partition} ({need} bytes): {usage}. Raise storage.tiers.*.sizes, lower "
+                        f"{partition} ({need} bytes): {usage}. Resize a tier (pafka resize), lower "
                         "log.retention.bytes/ms, or add a tier.")
 
     @contextlib.contextmanager
@@ -294,6 +297,43 @@ class Store:
             topic, segment_id = segment_id.split("/", 1)
         ids = [segment_id, *[m.split("/", 1)[-1] for m in merge_with]]
         return move_segment(self.topic(topic), ids, tier, throttle)
+
+    def resize_tier(self, number: int, size: int | str,
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Change tier ``number``'s capacity to ``size`` (bytes, or text such as ``"2g"``) and
+        save it in ``_store.json``; later opens use it, and one naming another size fails.
+
+        A PMEM tier's pool follows: free pool files are deleted, or new ones pre-allocated
+        (``progress`` is called with 1 per file). Shrinking below what the tier's segments
+        need fails before anything changes (:class:`StoreFull`); a file tier shrunk below
+        its use is drained by the migration service. Processes that have the store open keep
+        the old size until they open it again. Returns the change in pool files (0 for tiers
+        without a pool)."""
+        tier = self.tier(number)
+        key = canonical_key(f"storage.tiers.{number}.sizes")
+        new = parse_config({key: size})[key]
+        if tier.type == "REMOTE" and new:
+            raise ConfigError(f"{key}={size}: tier {number} is REMOTE, which has no capacity "
+                              "(0, unbounded)")
+        with file_lock(os.path.join(self.root, STORE_LOCK)):
+            saved = _read_saved(self.root)
+            if saved is None:
+                raise ConfigError(f"{self.root}/{STORE_FILE} is gone")
+            saved["config"][key] = new
+
+            def save() -> None:
+                write_atomic(os.path.join(self.root, STORE_FILE),
+                             json.dumps(_portable(self.root, saved), indent=1).encode())
+
+            changed = 0
+            if isinstance(tier, PmemTier):
+                changed = tier.resize(new, save, progress)
+            else:
+                save()
+                tier.capacity = new
+            self.config = self.config.with_overrides({key: new})
+        log.info("store %s: tier %d resized to %d bytes", self.root, number, new)
+        return changed
 
     def collect_garbage(self, topic: Topic) -> int:
         """Reclaim unreferenced segment files of ``topic`` past the grace period."""
@@ -425,19 +465,22 @@ def _owner_store(root: str) -> dict[str, Any] | None:
     return saved if isinstance(saved, dict) else None
 
 
+def _portable(root: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as written to ``_store.json``: tier paths inside the root made relative."""
+    return {**body,
+            "config": {k: _portable_path(root, k, _jsonable(v))
+                       for k, v in body["config"].items()},
+            "layout": {**body["layout"],
+                       "tier.paths": [_portable_path(root, "storage.tiers.1.paths", p)
+                                      for p in body["layout"]["tier.paths"]]}}
+
+
 def _save(root: str, config: StoreConfig, layout: dict[str, Any], store_id: str) -> bool:
     """Write ``_store.json`` exclusively; False if another process saved one first."""
-    body = {"format": _FORMAT, "id": store_id,
-            "config": {k: _portable_path(root, k, _jsonable(v))
-                       for k, v in config.explicit().items()},
-            "layout": {**layout, "tier.paths": [_portable_path(root, "storage.tiers.1.paths", p)
-                                                for p in layout["tier.paths"]]}}
+    body = _portable(root, {"format": _FORMAT, "id": store_id, "config": config.explicit(),
+                            "layout": layout})
     path = os.path.join(root, STORE_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(body, indent=1).encode())
-        f.flush()
-        os.fsync(f.fileno())
+    tmp = write_temp(root, json.dumps(body, indent=1).encode())
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -451,13 +494,21 @@ def _save(root: str, config: StoreConfig, layout: dict[str, Any], store_id: str)
 def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],
                   saved_layout: dict[str, Any]) -> None:
     for key, value in given.items():
-        if key in LAYOUT_KEYS and value != saved[key]:
+        if key in LAYOUT_KEYS and value != saved[key] and tier_key(key) is None:
             raise ConfigError(
                 f"{key}={render_value(value)} conflicts with the store at {root}, created with "
                 f"{key}={render_value(saved[key])}; layout keys cannot change")
-    now = saved.with_overrides(given).layout(root)
+    now_conf = saved.with_overrides(given)
+    now = now_conf.layout(root)
     for n, (a, b) in enumerate(zip(now["tier.paths"], saved_layout["tier.paths"], strict=False),
                                1):
         if a != b:
             raise ConfigError(f"storage.tiers.{n}.paths={a} conflicts with the store at {root}, "
                               f"created with {b}; layout keys cannot change")
+    for a, b in zip(now_conf.tiers(root), saved.tiers(root), strict=False):
+        if a.size != b.size:
+            raise ConfigError(
+                f"storage.tiers.{a.number}.sizes={a.size} conflicts with the store at {root}, "
+                f"whose tier {a.number} holds {b.size} bytes; a tier's size changes with "
+                f"`pafka resize {root} {a.number} SIZE` (Store.resize_tier), for every "
+                "process at once")

@@ -619,7 +619,7 @@ class Topic:
             rows = st.chunks[p].rows()
             tiers = {s.seq: s.tier for s in st.segments.values() if s.partition == p}
         if start < earliest:
-            raise DataLoss(f"topic {self.name!r} partition {p}: offsets {start}..{earliest - 1} "
+            raise DataLoss(f"topic {self.name!r} partition {p}: offsets [{start}, {earliest}) "
                            f"were deleted by retention; the earliest offset is {earliest}")
         stop = latest if end is None else max(start, min(end, latest))
         chunks: list[PlannedChunk] = []

@@ -11,15 +11,20 @@ renamed back into the pool. Capacity is the pool, as in Pafka.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import struct
+from collections.abc import Callable
+from dataclasses import replace
 
 import pyarrow as pa
 
 from ..chunk import EncodedChunk, checksum
 from ..crash import crash_point
+from ..errors import StoreFull
 from ..layout import (
     POOL_COMPLETE,
     POOL_DIR,
@@ -116,7 +121,10 @@ class PmemTier(Tier):
     @property
     def pool_size(self) -> int:
         """Number of segment files the pool holds in all (free and in use)."""
-        return max(1, int(self.capacity * self.pool_ratio) // self.segment_bytes)
+        return self._pool_files(self.capacity)
+
+    def _pool_files(self, capacity: int) -> int:
+        return max(1, int(capacity * self.pool_ratio) // self.segment_bytes)
 
     def prepare(self) -> None:
         libpmem.load()  # fail early, naming the package, when libpmem is missing
@@ -147,25 +155,74 @@ class PmemTier(Tier):
         with file_lock(os.path.join(self.pool_dir, POOL_LOCK)):
             if self._marked_complete():  # completed by another process while we waited
                 return 0
-            self._remove_dead_temp_files()
-            in_use = 0
-            for dirpath, _dirs, files in os.walk(self.path):
-                if dirpath != self.pool_dir:
-                    in_use += sum(f.endswith(SEGMENT_SUFFIX) for f in files)
-            free = self._free_names()
-            missing = self.pool_size - in_use - len(free)
-            slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
-            next_slot = max(slots, default=-1) + 1
-            for i in range(max(0, missing)):
-                self._create_pool_file(next_slot + i)
-            if missing > 0:
-                fsync_dir(self.pool_dir)
-                log.info("pmem tier %s: pre-allocated %d pool files of %d bytes", self.path,
-                         missing, self.segment_bytes)
-            # Only after every pool file is durable: a crash before this leaves no marker,
-            # and the next open completes the pool.
-            write_atomic(os.path.join(self.pool_dir, POOL_COMPLETE), self._marker())
+            return self._complete_pool()
+
+    def _in_use(self) -> int:
+        """Segment files on the tier (pool files taken)."""
+        return sum(sum(f.endswith(SEGMENT_SUFFIX) for f in files)
+                   for dirpath, _dirs, files in os.walk(self.path) if dirpath != self.pool_dir)
+
+    def _complete_pool(self, progress: Callable[[int], None] | None = None) -> int:
+        """Create the pool files missing from :attr:`pool_size`, then mark the pool complete
+        (the caller holds the pool lock)."""
+        self._remove_dead_temp_files()
+        free = self._free_names()
+        missing = self.pool_size - self._in_use() - len(free)
+        slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
+        next_slot = max(slots, default=-1) + 1
+        for i in range(max(0, missing)):
+            self._create_pool_file(next_slot + i)
+            if progress is not None:
+                progress(1)
+        if missing > 0:
+            fsync_dir(self.pool_dir)
+            log.info("pmem tier %s: pre-allocated %d pool files of %d bytes", self.path,
+                     missing, self.segment_bytes)
+        # Only after every pool file is durable: a crash before this leaves no marker,
+        # and the next open completes the pool.
+        write_atomic(os.path.join(self.pool_dir, POOL_COMPLETE), self._marker())
         return max(0, missing)
+
+    def resize(self, capacity: int, save: Callable[[], None],
+               progress: Callable[[int], None] | None = None) -> int:
+        """Change the pool to hold ``capacity`` bytes: free pool files are deleted, or new
+        ones created; ``save`` records the new size (``_store.json``) in between. Returns
+        the change in pool files. Fails before changing anything when the segments on the
+        tier need more pool files than the new size gives."""
+        self.prepare()
+        new_files = self._pool_files(capacity)
+        with file_lock(os.path.join(self.pool_dir, POOL_LOCK)):
+            in_use, free = self._in_use(), self._free_names()
+            excess = in_use + len(free) - new_files
+            if excess > len(free):
+                raise StoreFull(
+                    f"tier {self.number} ({self.path}) holds {in_use} segments; a pool of "
+                    f"{new_files} files ({capacity} bytes) cannot hold them. Move segments "
+                    "off the tier first (pafka migrate), or resize it to at least "
+                    f"{math.ceil(in_use * self.segment_bytes / self.pool_ratio)} bytes")
+            # Unmarked first: a crash from here on leaves a pool the next open completes to
+            # whichever size _store.json then holds.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.pool_dir, POOL_COMPLETE))
+            fsync_dir(self.pool_dir)
+            for name in reversed(free):
+                if excess <= 0:
+                    break
+                try:
+                    os.unlink(os.path.join(self.pool_dir, name))
+                except FileNotFoundError:
+                    continue  # a writer took it meanwhile
+                excess -= 1
+            fsync_dir(self.pool_dir)
+            if excess > 0:
+                raise StoreFull(f"tier {self.number} ({self.path}): writers took the free pool "
+                                "files while it was being shrunk; try again")
+            crash_point("resize.shrunk")
+            save()
+            self.capacity = capacity
+            self.spec = replace(self.spec, size=capacity)
+            self._complete_pool(progress)
+        return new_files - (in_use + len(free))
 
     def _remove_dead_temp_files(self) -> None:
         """Delete ``.tmp-<pid>-<slot>`` pool files whose creating process is gone (caller
