@@ -125,3 +125,12 @@ def test_a_damaged_store_file_is_named(tmp_path):
     (tmp_path / "_store.json").write_text('{"format": 1, "config": {}, "layout": {}}')
     with pytest.raises(ConfigError, match=f"{tmp_path / '_store.json'} is damaged"):
         Store.open(tmp_path)
+
+
+def test_an_unreadable_tier_claim_is_written_again(tmp_path, shm_dir):
+    _fill(tmp_path / "a", _outside(tmp_path, shm_dir))
+    marker = Path(shm_dir, "_pafka_store")
+    marker.write_text("{torn")
+    with Store.open(tmp_path / "a") as s:
+        assert read_all(s.topic("t"), 0) == list(range(10))
+    assert json.loads(marker.read_text())["root"] == str(tmp_path / "a")

@@ -430,7 +430,12 @@ def _claim_tier(root: str, store_id: str | None, tier: Tier) -> None:
             fsync_dir(tier.path)
             return
         except (ValueError, KeyError, TypeError):
-            owner_root, owner_id = "", None  # unreadable: as if its owner were gone
+            # Unreadable (torn by hand or by a disk error; it is written atomically): the
+            # store opening it claims it again.
+            log.warning("tier %d directory %s: %s is unreadable; claiming the tier for the "
+                        "store at %s", tier.number, tier.path, marker, root)
+            write_atomic(marker, mine)
+            return
         same_id = owner_id is None or store_id is None or owner_id == store_id
         if owner_root == root and same_id:
             return
