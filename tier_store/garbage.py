@@ -13,6 +13,10 @@ an ``open``):
   ``move`` entry references a moment later (moves keep the mtime of their copies fresh).
 * Never a file a live move holds (its ``flock``, :func:`release_file`): a move's copy is
   unreferenced until its ``move`` entry is published, however long the move stalls.
+* A remote tier (an object store) has no ``flock``: its files are reclaimed under the
+  partition's remote-name lock (``_partitions/<p>.remote.lock``, taken without waiting),
+  which a move to that tier holds from freeing the name until its entry is published, and
+  checked against the state read under it.
 * Only under the partition's lock, taken without waiting: a busy partition is left for the
   next pass. Each file is checked again against the state read after taking the file's lock,
   so a move published while we looked keeps its file. Pool files go back to the pool, never
@@ -21,15 +25,16 @@ an ``open``):
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from .crash import crash_point
-from .layout import SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
+from .layout import REMOTE_LOCK, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
 
 if TYPE_CHECKING:
     from .state import TopicState
@@ -86,22 +91,30 @@ def _tombstone_s(st: TopicState, sid: str, tier: int) -> float:
     return tomb[1] / 1000.0 if tomb is not None else 0.0
 
 
-def _garbage(topic: Topic, tier: int, sid: str | None, now: float, grace_s: float
-             ) -> Callable[[os.stat_result], bool]:
-    """The check :func:`release_file` runs holding the file's lock: segment ``sid``'s file
-    (None for a temporary file) is not referenced by the state as it is now (a move that
-    published while we looked has dropped its lock by then), and the file and its tombstone
-    are both older than the grace period."""
-    def check(s: os.stat_result) -> bool:
-        since = 0.0
-        if sid is not None:
-            st = topic.state()
-            seg = st.segments.get(sid)
-            if seg is not None and seg.tier == tier:
-                return False
-            since = _tombstone_s(st, sid, tier)
-        return now - max(s.st_mtime, since) > grace_s
-    return check
+def _may_reclaim(topic: Topic, tier: int, sid: str | None, mtime: float, now: float,
+                 grace_s: float) -> bool:
+    """Segment ``sid``'s file on ``tier`` (None: a temporary file) is not referenced by the
+    state as it is now (a move that published while we looked has dropped its lock by then),
+    and the file (``mtime``) and its tombstone are both older than the grace period."""
+    since = 0.0
+    if sid is not None:
+        st = topic.state()
+        seg = st.segments.get(sid)
+        if seg is not None and seg.tier == tier:
+            return False
+        since = _tombstone_s(st, sid, tier)
+    return now - max(mtime, since) > grace_s
+
+
+@contextlib.contextmanager
+def _remote_names(store: Store, tier: Tier, topic: str, p: int) -> Iterator[bool]:
+    """The partition's remote-name lock, without waiting, for a remote tier; nothing to take
+    (True) for a local one, whose files carry their own ``flock``."""
+    if tier.local:
+        yield True
+        return
+    with store.partition_lock(topic, p, blocking=False, kind=REMOTE_LOCK) as free:
+        yield free
 
 
 def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int:
@@ -111,7 +124,7 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
     st = topic.state()
     reclaimed = 0
     for tier in store.tiers:
-        candidates: dict[int, list[tuple[str, str]]] = {}
+        candidates: dict[int, list[tuple[str, str, float]]] = {}
         actives: dict[int, tuple[int, int] | None] = {}
         for p, name, path, mtime in tier.partition_files(topic.name):
             if p not in actives:
@@ -119,7 +132,7 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
             if name.startswith(TMP_PREFIX):
                 # A copy of an interrupted move (a live move keeps touching its copy).
                 if now - mtime > grace_s:
-                    candidates.setdefault(p, []).append((name, path))
+                    candidates.setdefault(p, []).append((name, path, mtime))
                 continue
             if not name.endswith(SEGMENT_SUFFIX) or not name[: -len(SEGMENT_SUFFIX)].isdigit():
                 continue
@@ -129,14 +142,15 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
             if (seg is not None and seg.tier == tier.number) or actives[p] == (seq, tier.number):
                 continue
             if now - max(mtime, _tombstone_s(st, sid, tier.number)) > grace_s:
-                candidates.setdefault(p, []).append((name, path))
+                candidates.setdefault(p, []).append((name, path, mtime))
         for p, files in candidates.items():
-            with store.partition_lock(topic.name, p, blocking=False) as held:
-                if not held:
+            with store.partition_lock(topic.name, p, blocking=False) as held, \
+                    _remote_names(store, tier, topic.name, p) as free:
+                if not held or not free:
                     continue
                 # The active pointer may have moved while we looked: re-check under the lock.
                 active = topic.active_segment(p)
-                for name, path in files:
+                for name, path, mtime in files:
                     of: str | None = None  # the segment it is a file of; None: a temp file
                     if name.endswith(SEGMENT_SUFFIX):
                         seq = int(name[: -len(SEGMENT_SUFFIX)])
@@ -144,10 +158,16 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                             continue
                         of = segment_id(p, seq)
                     if tier.local:
-                        if not release_file(tier, path, _garbage(topic, tier.number, of, now,
-                                                                 grace_s)):
+                        if not release_file(tier, path, lambda s, n=tier.number, of=of:
+                                            _may_reclaim(topic, n, of, s.st_mtime, now,
+                                                         grace_s)):
                             continue
                     else:
+                        # Checked again under the remote-name lock: a move that uploaded
+                        # this name since it was listed has published its entry by now.
+                        if not _may_reclaim(topic, tier.number, of, mtime, now,
+                                            grace_s):
+                            continue
                         tier.release_segment(path)
                     crash_point("gc.release")
                     reclaimed += 1

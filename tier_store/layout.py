@@ -9,6 +9,8 @@ Under the store root::
     <topic>/_log/_last_checkpoint       version of the newest checkpoint
     <topic>/_log/_last_checkpoint.lock  flock held while moving that pointer forward
     <topic>/_partitions/<p>.lock        flock held while appending a chunk to partition p
+    <topic>/_partitions/<p>.remote.lock flock held while a move writes partition p's segment
+                                        to a remote tier, or garbage collection deletes one
     <topic>/_partitions/<p>.active      JSON naming partition p's active segment
 
 Under each tier directory::
@@ -34,6 +36,7 @@ from .errors import PafkaError
 
 STORE_FILE = "_store.json"
 STORE_LOCK = "_store.lock"
+REMOTE_LOCK = "remote.lock"
 TIER_OWNER = "_pafka_store"
 LOG_DIR = "_log"
 PARTITIONS_DIR = "_partitions"

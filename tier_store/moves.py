@@ -27,6 +27,7 @@ copy is an unreferenced file that garbage collection reclaims); after it, the ne
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import logging
@@ -44,7 +45,7 @@ from .crash import crash_point
 from .entries import ChunkRecord, MoveEntry
 from .errors import CommitConflict, CorruptSegment, DataLoss, PafkaError, StoreFull
 from .garbage import release_file
-from .layout import TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
+from .layout import REMOTE_LOCK, TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
 from .reading import read_range
 from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
@@ -148,40 +149,48 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         need = HEADER_SIZE + sum(align(int(n)) for n in rows["len"])
         if final in (store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs):
             raise PafkaError("a merge onto the tier a source segment is on is not supported")
-        if target.exists(final):
-            _release_old_copy(topic, target, segment_id(p, seq), final, tomb, tier_number,
-                              grace_s)
-        lock = -1  # holds our copy's flock until the entry is published (or discarded)
-        if target.local:
-            chunks, lock = _place_local(topic, target, segs, rows, st, need, throttle, final)
-        else:
-            chunks = _upload(topic, target, segs, rows, throttle, final)
-        entry = MoveEntry(0, p, tuple(s.seq for s in segs), seq, tier_number, tuple(chunks))
+        names = contextlib.ExitStack()
+        if not target.local:
+            # No flock on an object store: the partition's remote-name lock keeps garbage
+            # collection from deleting this name from before the old copy is released until
+            # the entry naming the new one is published (and two services from uploading it
+            # at once).
+            names.enter_context(store.partition_lock(topic.name, p, kind=REMOTE_LOCK))
+        with names:
+            if target.exists(final):
+                _release_old_copy(topic, target, segment_id(p, seq), final, tomb, tier_number,
+                                  grace_s)
+            lock = -1  # holds our copy's flock until the entry is published (or discarded)
+            if target.local:
+                chunks, lock = _place_local(topic, target, segs, rows, st, need, throttle, final)
+            else:
+                chunks = _upload(topic, target, segs, rows, throttle, final)
+            entry = MoveEntry(0, p, tuple(s.seq for s in segs), seq, tier_number, tuple(chunks))
 
-        def make(state: TopicState, entry: MoveEntry = entry, version: int = version,
-                 planned: dict[str, tuple[int, int, int]] = planned) -> MoveEntry | None:
-            if state.version != version:
-                # Conflict rule: a move conflicts with any entry that touched its segments.
-                for sid, was in planned.items():
-                    s = state.segments.get(sid)
-                    if s is None or (s.tier, s.chunks, s.bytes) != was:
-                        raise CommitConflict(f"topic {topic.name!r}: segment {sid} changed "
-                                             "since the move was planned")
-            return MoveEntry(max(state.last_ts, int(time.time() * 1000)), entry.p,
-                             entry.sources, entry.seq, entry.tier, entry.chunks)
+            def make(state: TopicState, entry: MoveEntry = entry, version: int = version,
+                     planned: dict[str, tuple[int, int, int]] = planned) -> MoveEntry | None:
+                if state.version != version:
+                    # Conflict rule: a move conflicts with any entry that touched its segments.
+                    for sid, was in planned.items():
+                        s = state.segments.get(sid)
+                        if s is None or (s.tier, s.chunks, s.bytes) != was:
+                            raise CommitConflict(f"topic {topic.name!r}: segment {sid} changed "
+                                                 "since the move was planned")
+                return MoveEntry(max(state.last_ts, int(time.time() * 1000)), entry.p,
+                                 entry.sources, entry.seq, entry.tier, entry.chunks)
 
-        try:
-            topic._publish_retrying(make)
-        except CommitConflict as e:
-            log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
-                     [s.id for s in segs], e)
-            now = topic.state().segments.get(segment_id(p, seq))
-            if lock >= 0 and (now is None or now.tier != tier_number):
-                _discard_own(target, final, lock)
-            continue
-        finally:
-            if lock >= 0:
-                os.close(lock)
+            try:
+                topic._publish_retrying(make)
+            except CommitConflict as e:
+                log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
+                         [s.id for s in segs], e)
+                now = topic.state().segments.get(segment_id(p, seq))
+                if lock >= 0 and (now is None or now.tier != tier_number):
+                    _discard_own(target, final, lock)
+                continue
+            finally:
+                if lock >= 0:
+                    os.close(lock)
         crash_point("move.committed")
         result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
                             tuple(s.tier for s in segs), tier_number, int(rows["len"].sum()),

@@ -251,11 +251,12 @@ class Store:
                         "log.retention.bytes/ms, or add a tier.")
 
     @contextlib.contextmanager
-    def partition_lock(self, topic: str, partition: int, blocking: bool = True
-                       ) -> Iterator[bool]:
-        """Hold partition ``partition``'s append lock: a thread lock and ``flock`` on its
-        lock file. With ``blocking=False`` yields False instead of waiting."""
-        path = os.path.join(partitions_dir(self.root, topic), f"{partition}.lock")
+    def partition_lock(self, topic: str, partition: int, blocking: bool = True,
+                       kind: str = "lock") -> Iterator[bool]:
+        """Hold partition ``partition``'s append lock (``kind="lock"``), or its lock on
+        remote-tier names (``kind=REMOTE_LOCK``): a thread lock and ``flock`` on its lock
+        file. With ``blocking=False`` yields False instead of waiting."""
+        path = os.path.join(partitions_dir(self.root, topic), f"{partition}.{kind}")
         with _locks_guard:
             tl = _thread_locks.setdefault(path, threading.Lock())
         if not tl.acquire(blocking):
