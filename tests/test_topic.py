@@ -447,6 +447,33 @@ def _record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("kind", ["file", "pmem"])
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_segment_made_in_a_directory_a_dead_writer_left_syncs_the_directory_entries(
+        kind, durable, tmp_path, shm_dir, monkeypatch):
+    conf = {"log.segment.bytes": "64k"}
+    if kind == "pmem":
+        conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+                     "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
+                     "log.pmem.pool.ratio": 1.0})
+    store = Store.open(str(tmp_path / "s"), conf)
+    topic = store.create_topic("t", SCHEMA, partitions=1)
+    tier = store.tiers[0]
+    # A deferred writer that died before its first sync made <tier>/t/0 and left the entries
+    # of t/ and 0/ in their parents unsynced; the next writer sees the directories exist.
+    os.makedirs(os.path.join(tier.path, "t", "0"))
+    calls = _record_fsyncs(monkeypatch)
+    if durable:
+        topic.append(make_batch(0, 10))
+    else:
+        refs = topic.write_chunks(make_batch(0, 10), partition=0, durable=False)
+        topic.sync()
+        topic.commit(refs)
+    synced = {path for _thread, path in calls}
+    assert {tier.path, os.path.join(tier.path, "t"), os.path.join(tier.path, "t", "0")} \
+        <= synced
+
+
+@pytest.mark.parametrize("kind", ["file", "pmem"])
 def test_deferred_rolls_leave_every_fsync_to_sync_which_covers_new_files_and_pointers(
         kind, tmp_path, shm_dir, monkeypatch):
     conf = {"log.segment.bytes": "64k"}

@@ -89,6 +89,19 @@ class Tier(ABC):
     def segment_path(self, topic: str, partition: int, seq: int) -> str:
         return os.path.join(self.path, segment_relpath(topic, partition, seq))
 
+    def entry_dirs(self, d: str) -> list[str]:
+        """``d``'s parents up to the tier's directory: they hold the entries that lead to
+        ``d``. A new segment makes them durable whether or not it made ``d``: a deferred
+        writer that died before its first sync may have made ``d`` without syncing them."""
+        out = []
+        while d != self.path:
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            out.append(parent)
+            d = parent
+        return out
+
     def prepare(self) -> None:
         """Create the tier's directory (and pool, where it has one)."""
         os.makedirs(self.path, exist_ok=True)

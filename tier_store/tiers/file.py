@@ -254,9 +254,12 @@ class FileTier(Tier):
                     fsync_dir(nd)
         if durable:
             fsync_dir(d)
+            for parent in self.entry_dirs(d):
+                if parent not in new_dirs:  # those makedirs_durable synced already
+                    fsync_dir(parent)
         else:
             w._unsynced = True
-            w.defer_entry(d, *new_dirs)
+            w.defer_entry(d, *new_dirs, *self.entry_dirs(d))
         return w
 
     def open_segment(self, path: str) -> SegmentWriter:

@@ -289,8 +289,13 @@ class PmemTier(Tier):
                     fsync_dir(d)
         if w is None:
             return None
+        parents = self.entry_dirs(os.path.dirname(path))
         if not durable:
-            w.defer_entry(*new_dirs)
+            w.defer_entry(*new_dirs, *parents)
+        else:
+            for parent in parents:
+                if parent not in new_dirs:  # those makedirs_durable synced already
+                    fsync_dir(parent)
         hdr = new_header(partition, seq).pack()
         w._map.buffer(0, HEADER_SIZE)[:] = hdr
         w._map.flush(0, HEADER_SIZE)
