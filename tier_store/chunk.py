@@ -7,6 +7,7 @@ bytes, computed when it is written.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -92,6 +93,28 @@ def checksum_pieces(pieces: list[pa.Buffer | bytes]) -> int:
     for piece in pieces:
         h.update(memoryview(piece))
     return h.intdigest()
+
+
+_PARALLEL_CHECKSUM_BYTES = 4 << 20
+
+
+def checksum_while(pieces: list[memoryview], size: int, write: Callable[[], None]) -> int:
+    """Run ``write()``, and compute :func:`checksum_pieces` of ``pieces`` meanwhile on another
+    thread when the chunk is large: xxhash and the kernel's copy both run without the GIL, so
+    on a second core the checksum adds no time (a thread costs more than it saves on a small
+    chunk)."""
+    if size < _PARALLEL_CHECKSUM_BYTES:
+        write()
+        return checksum_pieces(pieces)
+    out: list[int] = []
+    helper = threading.Thread(target=lambda: out.append(checksum_pieces(pieces)),
+                              name="pafka-checksum", daemon=True)
+    helper.start()
+    try:
+        write()
+    finally:
+        helper.join()
+    return out[0]
 
 
 def _write(sink: pa.NativeFile, batches: list[pa.RecordBatch], schema: pa.Schema,

@@ -28,7 +28,7 @@ import threading
 
 import pyarrow as pa
 
-from ..chunk import EncodedChunk, checksum, checksum_pieces
+from ..chunk import EncodedChunk, checksum, checksum_while
 from ..config import TierSpec
 from ..crash import crash_point
 from ..layout import fsync_dir, makedirs_durable
@@ -43,7 +43,7 @@ def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
         pos += n
 
 
-def _split_at(pieces: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:
+def split_at(pieces: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:
     """The first ``n`` bytes of ``pieces`` and the rest, as two lists of views."""
     for i, piece in enumerate(pieces):
         if n <= len(piece):
@@ -55,7 +55,7 @@ def _split_at(pieces: list[memoryview], n: int) -> tuple[list[memoryview], list[
 IOV_MAX = 1024  # iovecs per pwritev on Linux
 
 
-def _pwritev_all(fd: int, pieces: list[memoryview], pos: int) -> None:
+def pwritev_all(fd: int, pieces: list[memoryview], pos: int) -> None:
     """Write the concatenation of ``pieces`` at ``pos``, straight from where they are."""
     i = 0
     while i < len(pieces):
@@ -66,6 +66,15 @@ def _pwritev_all(fd: int, pieces: list[memoryview], pos: int) -> None:
             i += 1
         if n:  # a short write inside a piece
             pieces[i] = pieces[i][n:]
+
+
+def write_halves(fd: int, pieces: list[memoryview], pos: int, size: int) -> None:
+    """Gathering write of a chunk's ``pieces`` at ``pos``, with crash points after each half."""
+    first, rest = split_at(pieces, size // 2)
+    pwritev_all(fd, first, pos)
+    crash_point("chunk.copy")
+    pwritev_all(fd, rest, pos + size // 2)
+    crash_point("chunk.flushed")
 
 
 def _load_sync_file_range() -> ctypes._CFuncPtr | None:
@@ -143,12 +152,8 @@ class FileSegmentWriter(SegmentWriter):
         # Gathered from the record batches' own buffers: the kernel's copy into the page
         # cache is the only one.
         pieces = [memoryview(p).cast("B") for p in chunk.pieces()]
-        first, rest = _split_at(pieces, chunk.size // 2)
-        _pwritev_all(self._fd, first, pos)
-        crash_point("chunk.copy")
-        _pwritev_all(self._fd, rest, pos + chunk.size // 2)
-        crash_point("chunk.flushed")
-        return checksum_pieces(pieces)
+        return checksum_while(pieces, chunk.size,
+                              lambda: write_halves(self._fd, pieces, pos, chunk.size))
 
     def _write_direct(self, pos: int, chunk: EncodedChunk) -> int:
         lead = pos % BLOCK

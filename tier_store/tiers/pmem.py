@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from ..chunk import EncodedChunk, checksum
+from ..chunk import EncodedChunk, checksum, checksum_while
 from ..crash import crash_point
 from ..errors import StoreFull
 from ..layout import (
@@ -40,6 +40,7 @@ from ..layout import (
 from ..segment import END_OFFSET, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
 from . import libpmem
 from .base import SegmentWriter, Tier, new_header
+from .file import write_halves
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(4 * 1024 * 1024)
@@ -54,6 +55,7 @@ class PmemSegmentWriter(SegmentWriter):
         self._dirty: tuple[int, int] | None = None  # chunk bytes written, not yet flushed
         self._end_dirty = False
         self._seal_dirty = False
+        self._fd = -1  # for gathering writes where the mapping is not PMem
 
     def header(self) -> SegmentHeader:
         return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
@@ -62,6 +64,8 @@ class PmemSegmentWriter(SegmentWriter):
         return self._map.length
 
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
+        if not self._map.is_pmem:
+            return self._write_gathered(pos, chunk)
         self._map.populate(pos, chunk.size)
         target = self._map.buffer(pos, chunk.size)
         # py_buffer over the cffi buffer is mutable; a slice of a mutable Arrow buffer or a
@@ -72,6 +76,20 @@ class PmemSegmentWriter(SegmentWriter):
         self._dirty = (min(lo, pos), max(hi, pos + chunk.size))
         crash_point("chunk.flushed")
         return checksum(target)
+
+    def _write_gathered(self, pos: int, chunk: EncodedChunk) -> int:
+        """Where libpmem finds no PMem the mapping is page cache, as a file's is: one kernel
+        copy from the batches' own buffers (``pwritev``) beats copying through the mapping,
+        which first has to fill in its page tables (about as costly as the copy). The
+        mapping's flush (``msync``) covers these pages like any others of the file."""
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR)
+        pieces = [memoryview(p).cast("B") for p in chunk.pieces()]
+        crc = checksum_while(pieces, chunk.size,
+                             lambda: write_halves(self._fd, pieces, pos, chunk.size))
+        lo, hi = self._dirty or (pos, pos)
+        self._dirty = (min(lo, pos), max(hi, pos + chunk.size))
+        return crc
 
     def _set_word(self, offset: int, value: int) -> None:
         struct.pack_into("<Q", self._map.buffer(offset, 8), 0, value)
@@ -108,6 +126,9 @@ class PmemSegmentWriter(SegmentWriter):
         if self._map.addr is not None:
             self.sync()
         self._map.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class PmemTier(Tier):
