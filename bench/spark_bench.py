@@ -754,10 +754,11 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "(`bench/store_bench.py`'s read right after the write fell to 0.06× plain IPC with "
         "it). Glibc `mallopt` thresholds that keep the heap (page faults 100k → 10k) and "
         "chunks of 4, 8 or 16 MiB made no difference beyond the spread. The third row is "
-        "the product's fast tier: chunks copied into a pre-allocated pool file mapped with "
-        "libpmem (here on /dev/shm, so no device and no page-cache allocation; each chunk's "
-        "pages are mapped in one `MADV_POPULATE_WRITE` call just before it is written); it "
-        "shows what the sink costs when storing is a memory copy.", "",
+        "the product's fast tier: chunks written into a pre-allocated pool file mapped with "
+        "libpmem (here on /dev/shm, so no device and no page-cache allocation; libpmem finds "
+        "no PMem there, so each chunk goes in with one `pwritev` from the batches' buffers and "
+        "is made durable with `pmem_msync`; on real PMem it is copied into the mapping and "
+        "persisted); it shows what the sink costs when storing is a memory copy.", "",
         f"**Latency.** A producer thread in the driver process appends {lat['commits']} "
         f"batches of {lat['per_commit']} rows with `Topic.append` (durable and visible on "
         f"return; round-robin over {TOPIC_PARTITIONS} partitions), one every "

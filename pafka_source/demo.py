@@ -20,16 +20,16 @@ import time
 from typing import Any
 
 from tier_store import PafkaError
-from tier_store.config import parse_config
-from tier_store.layout import STORE_FILE
+from tier_store.config import parse_config, tier_key
+from tier_store.layout import STORE_FILE, STORE_LOCK
 
 log = logging.getLogger(__name__)
 
 # Marks a store root as the demo's own, which the next run may delete.
 DEMO_MARKER = "_pafka_demo"
 # What a demo store's root may hold (stores from before the marker are recognised by it).
-_DEMO_ENTRIES = {STORE_FILE, DEMO_MARKER, "_migration.json", "_checkpoints", "clicks",
-                 "tier-1", "tier-2"}
+_DEMO_ENTRIES = {STORE_FILE, STORE_LOCK, DEMO_MARKER, "_migration.json", "_checkpoints",
+                 "clicks", "tier-1", "tier-2"}
 # How long query 2 waits for query 1 to create its topic, and a stop for a micro-batch.
 TOPIC_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
@@ -70,7 +70,14 @@ def is_demo_store(root: str, fast: str) -> bool:
         return False
     demo = {k: list(v) if isinstance(v, tuple) else v
             for k, v in parse_config(store_options(root, fast)).items()}
-    return isinstance(saved, dict) and saved.get("config") == demo and entries <= _DEMO_ENTRIES
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        return False
+    # Tier paths inside the root are saved relative to it.
+    config = {k: os.path.normpath(os.path.join(root, v))
+              if (tk := tier_key(k)) and tk[1] == "paths" and isinstance(v, str) and v
+              and "://" not in v else v
+              for k, v in saved["config"].items()}
+    return config == demo and entries <= _DEMO_ENTRIES
 
 
 def check_replaceable(root: str, fast: str) -> None:

@@ -225,7 +225,7 @@ def test_resize_grows_and_shrinks_a_pmem_pool_for_every_later_open(tmp_path, shm
     # An open naming another size is refused: it used to grow the pool on disk while
     # _store.json kept the old size, and `tiers` then showed a negative count in use.
     with pytest.raises(ConfigError, match=r"storage\.tiers\.1\.sizes=2097152 conflicts .*"
-                                          r"holds 1048576 bytes.*pafka resize"):
+                                          r"capacity of 1048576 bytes.*pafka resize"):
         Store.open(tmp_path, {"storage.tiers.first.sizes": "2m"})
     pool = os.path.join(shm_dir, "_pool")
     assert len([n for n in os.listdir(pool) if n.endswith(".pool")]) < 16
@@ -245,6 +245,9 @@ def test_resize_grows_and_shrinks_a_pmem_pool_for_every_later_open(tmp_path, shm
     assert r.returncode == 0 and f"pool 32 -> {in_use} files (-{32 - in_use})" in r.stdout
     assert Store.open(tmp_path).tier_usage()[0]["pool_free"] == 0
     assert f"pool {in_use}/{in_use} files in use" in _pafka("tiers", str(tmp_path)).stdout
+    _one_line_error(_pafka("resize", str(tmp_path), "1", "1000t"), "its filesystem has",
+                    "free")
+    assert Store.open(tmp_path).tiers[0].pool_size == in_use  # nothing changed
     _one_line_error(_pafka("resize", str(tmp_path), "3", "1g"), "has no tier 3")
     _one_line_error(_pafka("resize", str(tmp_path), "1", "lots"),
                     "storage.tiers.first.sizes", "a size in bytes")

@@ -134,7 +134,7 @@ def test_tier_sizes_are_saved_and_change_only_by_resizing(tmp_path):
     assert Store.open(tmp_path).tiers[0].capacity == 128 * mib
     Store.open(tmp_path, {"storage.tiers.1.sizes": "128m"})  # the saved size: fine
     with pytest.raises(ConfigError, match=r"storage\.tiers\.1\.sizes=268435456 conflicts "
-                                          r".*holds 134217728 bytes.*pafka resize"):
+                                          r".*capacity of 134217728 bytes.*pafka resize"):
         Store.open(tmp_path, {"storage.tiers.first.sizes": "256m"})
     s = Store.open(tmp_path)
     assert s.resize_tier(1, "256m") == 0

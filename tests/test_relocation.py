@@ -113,8 +113,16 @@ def test_two_stores_given_one_tier_directory_are_refused(tmp_path, shm_dir):
     _fill(tmp_path / "a", conf)
     with pytest.raises(ConfigError, match=f"the store at {tmp_path / 'b'} is another store"):
         Store.open(tmp_path / "b", conf)
-    # A new store made where a deleted one was takes its tier over.
+    assert not (tmp_path / "b" / "_store.json").exists()  # refused before it was saved
+    # A new store made where a deleted one was: the tier still holds the old store's
+    # segments (it may have been moved, not deleted), so it is refused until emptied.
     shutil.rmtree(tmp_path / "a")
+    with pytest.raises(ConfigError, match="holds segments of the store that was at .* "
+                                          "empty the directory"):
+        Store.open(tmp_path / "a", conf)
+    for name in os.listdir(shm_dir):
+        if name not in ("_pool", "_pafka_store"):
+            shutil.rmtree(os.path.join(shm_dir, name))
     _fill(tmp_path / "a", conf)
     owner = json.loads(Path(shm_dir, "_pafka_store").read_text())
     saved = json.loads((tmp_path / "a" / "_store.json").read_text())
@@ -134,3 +142,32 @@ def test_an_unreadable_tier_claim_is_written_again(tmp_path, shm_dir):
     with Store.open(tmp_path / "a") as s:
         assert read_all(s.topic("t"), 0) == list(range(10))
     assert json.loads(marker.read_text())["root"] == str(tmp_path / "a")
+
+
+def test_a_moved_store_takes_its_outside_tier_along_and_a_new_store_cannot_take_it(
+        tmp_path, shm_dir):
+    conf = _outside(tmp_path, shm_dir)
+    _fill(tmp_path / "a", conf)
+    os.rename(tmp_path / "a", tmp_path / "b")
+    # A new store at the old root, before the moved one is opened: refused (the tier holds
+    # the moved store's segments), where it used to take the tier over and reuse them.
+    with pytest.raises(ConfigError, match="holds segments of the store that was at"):
+        Store.open(tmp_path / "a", conf)
+    with Store.open(tmp_path / "b") as s:
+        assert read_all(s.topic("t"), 0) == list(range(10))
+    assert json.loads(Path(shm_dir, "_pafka_store").read_text())["root"] == str(tmp_path / "b")
+    shutil.rmtree(tmp_path / "a")
+    with pytest.raises(ConfigError, match="is another store"):
+        Store.open(tmp_path / "a", conf)
+
+
+def test_a_symlinked_tier_inside_the_root_is_claimed(tmp_path, shm_dir):
+    (tmp_path / "a").mkdir()
+    os.symlink(shm_dir, tmp_path / "a" / "fast")
+    conf = {**_outside(tmp_path, shm_dir),
+            "storage.tiers.first.paths": str(tmp_path / "a" / "fast")}
+    _fill(tmp_path / "a", conf)
+    assert Path(shm_dir, "_pafka_store").exists()
+    shutil.copytree(tmp_path / "a", tmp_path / "b", symlinks=True)  # as cp -r does
+    with pytest.raises(ConfigError, match="is a copy of that store"):
+        Store.open(tmp_path / "b")

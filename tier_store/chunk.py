@@ -107,13 +107,22 @@ def checksum_while(pieces: list[memoryview], size: int, write: Callable[[], None
         write()
         return checksum_pieces(pieces)
     out: list[int] = []
-    helper = threading.Thread(target=lambda: out.append(checksum_pieces(pieces)),
-                              name="pafka-checksum", daemon=True)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(checksum_pieces(pieces))
+        except BaseException as e:  # re-raised on the caller's thread
+            failed.append(e)
+
+    helper = threading.Thread(target=run, name="pafka-checksum", daemon=True)
     helper.start()
     try:
         write()
     finally:
         helper.join()
+    if failed:
+        raise failed[0]
     return out[0]
 
 

@@ -48,5 +48,5 @@ def crash_point(name: str) -> None:
 
 STORE_POINTS = (
     "pool.create",  # a pool file written to its temp name, not yet renamed into the pool
-    "resize.shrunk",  # free pool files deleted, the new size not yet saved
+    "resize.unsaved",  # pool files deleted or created, the new size not yet saved
 )

@@ -124,13 +124,13 @@ def fsync_dir(path: str) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing). Each call opens its own
-    file description, so it orders threads as well as processes; the kernel drops it if the
-    process dies, so a crash leaves no lock behind."""
+def file_lock(path: str, shared: bool = False) -> Iterator[None]:
+    """Hold an exclusive (or ``shared``) ``flock`` on ``path`` (created if missing). Each call
+    opens its own file description, so it orders threads as well as processes; the kernel
+    drops it if the process dies, so a crash leaves no lock behind."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

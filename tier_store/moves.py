@@ -156,6 +156,18 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
             # the entry naming the new one is published (and two services from uploading it
             # at once).
             names.enter_context(store.partition_lock(topic.name, p, kind=REMOTE_LOCK))
+            # Another service may have moved these segments while we waited: its upload
+            # holds the name now, and the old copy's tombstone read at planning is stale.
+            with topic._lock:
+                fresh = topic.state()
+                changed = [sid for sid, was in planned.items()
+                           if (s := fresh.segments.get(sid)) is None
+                           or (s.tier, s.chunks, s.bytes) != was]
+                tomb = fresh.tombstone(segment_id(p, seq), tier_number)
+            if changed:
+                names.close()
+                raise CommitConflict(f"topic {topic.name!r}: segment {changed[0]} changed "
+                                     "since the move was planned")
         with names:
             if target.exists(final):
                 _release_old_copy(topic, target, segment_id(p, seq), final, tomb, tier_number,
@@ -260,6 +272,9 @@ def _place_local(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.
         crash_point("move.linked")
         os.unlink(tmp)
         fsync_dir(os.path.dirname(final))
+        # The directories may be ones a deferred writer made and died before syncing.
+        for parent in target.entry_dirs(os.path.dirname(final)):
+            fsync_dir(parent)
     except BaseException:
         os.close(lock)
         raise

@@ -31,6 +31,7 @@ from .commit_log import CommitLog
 from .config import (
     LAYOUT_KEYS,
     StoreConfig,
+    TierSpec,
     canonical_key,
     load_config,
     parse_config,
@@ -41,9 +42,11 @@ from .entries import CreateEntry, schema_to_text
 from .errors import ConfigError, PafkaError, StoreFull, TopicExists, TopicNotFound
 from .garbage import collect_garbage
 from .layout import (
+    POOL_DIR,
     STORE_FILE,
     STORE_LOCK,
     TIER_OWNER,
+    TMP_PREFIX,
     check_topic_name,
     entry_name,
     file_lock,
@@ -102,29 +105,33 @@ class Store:
         # command; the saved ones are relative to the root.
         given = {k: _resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
         makedirs_durable(root)
-        saved = _read_saved(root)
-        store_id = uuid.uuid4().hex
-        if saved is None:
-            effective = StoreConfig(given)
-            layout = effective.layout(root)
-            if not _save(root, effective, layout, store_id):
-                # another process created it first: validate against theirs
-                saved = _read_saved(root)
-        if saved is not None:
-            store_id = saved.get("id")
-            base = StoreConfig(parse_config(saved["config"]))
-            _check_layout(root, base, given, saved["layout"])
-            effective = base.with_overrides(given)
-        tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
-        for t in tiers:
-            t.prepare()
-            if "://" not in t.path and not _inside(root, t.path):
-                _claim_tier(root, store_id, t)
-            if isinstance(t, PmemTier):
-                # On every open, not only the first: a crash while pre-allocating (or a tier
-                # on RAM that lost its files) must not leave the pool short for good. Cheap
-                # once the pool is marked complete.
-                t.ensure_pool()
+        # Shared against a resize, which saves a new size and changes the pool under the
+        # exclusive lock: an open never completes a pool to a size read before that.
+        with file_lock(os.path.join(root, STORE_LOCK), shared=True):
+            saved = _read_saved(root)
+            store_id: str | None = uuid.uuid4().hex
+            if saved is None:
+                effective = StoreConfig(given)
+                layout = effective.layout(root)
+                # Claimed before _store.json exists: a store refused a tier is not left behind.
+                _claim_tiers(root, store_id, effective.tiers(root))
+                if not _save(root, effective, layout, store_id):
+                    # another process created it first: validate against theirs
+                    saved = _read_saved(root)
+            if saved is not None:
+                store_id = saved.get("id")
+                base = StoreConfig(parse_config(saved["config"]))
+                _check_layout(root, base, given, saved["layout"])
+                effective = base.with_overrides(given)
+                _claim_tiers(root, store_id, effective.tiers(root))
+            tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
+            for t in tiers:
+                t.prepare()
+                if isinstance(t, PmemTier):
+                    # On every open, not only the first: a crash while pre-allocating (or a
+                    # tier on RAM that lost its files) must not leave the pool short for good.
+                    # Cheap once the pool is marked complete.
+                    t.ensure_pool()
         return cls(root, effective, tiers)
 
     def __repr__(self) -> str:
@@ -405,13 +412,32 @@ def _read_saved(root: str) -> dict[str, Any] | None:
     return saved
 
 
-def _claim_tier(root: str, store_id: str | None, tier: Tier) -> None:
+def _claim_tiers(root: str, store_id: str | None, specs: list[TierSpec]) -> None:
+    """Claim each local tier whose directory lies outside ``root`` (symlinks resolved: a
+    symlink in the root to a PMem mount is copied by ``cp -r`` as a symlink)."""
+    real_root = os.path.realpath(root)
+    for spec in specs:
+        if "://" in spec.path or _inside(real_root, os.path.realpath(spec.path)):
+            continue
+        makedirs_durable(spec.path)
+        _claim_tier(root, store_id, spec)
+
+
+def _holds_data(path: str) -> bool:
+    """Whether a tier directory holds anything but its pool and claim (topics' segments)."""
+    return any(n not in (TIER_OWNER, POOL_DIR) and not n.startswith(TMP_PREFIX)
+               for n in os.listdir(path))
+
+
+def _claim_tier(root: str, store_id: str | None, tier: TierSpec) -> None:
     """Make sure no other store writes into ``tier``, a local directory outside ``root``.
 
     Its ``_pafka_store`` file names the owning store (id and root). The tier is refused when
     that file names a store that still exists and is not this one: a copy of this root (same
-    id, another ``_store.json``) or another store. It is taken over when its owner is gone;
-    the same store seen through another path (a symlink, another mount) is left as it is.
+    id, another ``_store.json``) or another store. The same store seen through another path
+    (a symlink) is accepted, and a store moved to this root takes its tier's claim along. A
+    tier whose owner is gone is taken over only when it holds no segments: they may belong
+    to a store moved elsewhere and not opened there yet.
     """
     marker = os.path.join(tier.path, TIER_OWNER)
     mine = json.dumps({"store": store_id, "root": root}).encode()
@@ -437,24 +463,27 @@ def _claim_tier(root: str, store_id: str | None, tier: Tier) -> None:
                         "store at %s", tier.number, tier.path, marker, root)
             write_atomic(marker, mine)
             return
-        same_id = owner_id is None or store_id is None or owner_id == store_id
+        same_id = owner_id == store_id
         if owner_root == root and same_id:
             return
         other = _owner_store(owner_root)
-        if other is not None and (other.get("id") is None or other.get("id") == owner_id):
-            owner_file = os.path.join(owner_root, STORE_FILE)
-            if same_id and os.path.samefile(owner_file, os.path.join(root, STORE_FILE)):
+        if other is not None and other.get("id") == owner_id:
+            if same_id and os.path.samefile(os.path.join(owner_root, STORE_FILE),
+                                            os.path.join(root, STORE_FILE)):
                 return  # this store, through another path
             what = "a copy of that store" if same_id else "another store"
             raise ConfigError(
                 f"tier {tier.number} directory {tier.path} belongs to the store at "
                 f"{owner_root} (see {marker}); the store at {root} is {what} and would "
-                f"write over its segments. Open the store at {owner_root}, or create this "
-                f"one with storage.tiers.{tier.number}.paths naming a directory of its own")
-        if same_id:
-            return  # this store, moved, or seen through a path that is not visible here
-        log.warning("tier %d directory %s: taking it over from the store at %s, which is "
-                    "gone", tier.number, tier.path, owner_root)
+                f"write over its segments. Open the store at {owner_root}; a store of its "
+                "own needs tier directories of its own, named when it is created")
+        if not same_id and _holds_data(tier.path):
+            raise ConfigError(
+                f"tier {tier.number} directory {tier.path} holds segments of the store that "
+                f"was at {owner_root} (see {marker}), which is gone from there. If that store "
+                "was moved, open it where it is now; if it was deleted, empty the directory")
+        log.info("tier %d directory %s: claimed for the store at %s (was %s)", tier.number,
+                 tier.path, root, owner_root)
         write_atomic(marker, mine)
         return
     raise ConfigError(f"tier {tier.number} directory {tier.path}: {marker} keeps changing; "
@@ -515,6 +544,6 @@ def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],
         if a.size != b.size:
             raise ConfigError(
                 f"storage.tiers.{a.number}.sizes={a.size} conflicts with the store at {root}, "
-                f"whose tier {a.number} holds {b.size} bytes; a tier's size changes with "
-                f"`pafka resize {root} {a.number} SIZE` (Store.resize_tier), for every "
-                "process at once")
+                f"whose tier {a.number} has a capacity of {b.size} bytes; a tier's size "
+                f"changes with `pafka resize {root} {a.number} SIZE` (Store.resize_tier), for "
+                "every process at once")

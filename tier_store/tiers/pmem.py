@@ -1,5 +1,9 @@
 """The pmem tier: pre-sized pool files mapped with libpmem, Arrow IPC written into the mapping.
 
+On real PMem (``pmem_is_pmem``) chunks are copied into the mapping and persisted with
+``pmem_persist``; elsewhere the mapping is page cache, so chunks go in with one ``pwritev``
+and are made durable with ``pmem_msync``, as libpmem prescribes for non-PMem mappings.
+
 A pool of ``log.pmem.pool.ratio`` × capacity is pre-allocated (and its pages touched) when the
 store is created, as ``_pool/<n>.pool`` files of ``log.segment.bytes`` each, so the hot path
 never allocates or faults in fresh pages. Every open completes the pool if a crash (or a tier
@@ -55,7 +59,8 @@ class PmemSegmentWriter(SegmentWriter):
         self._dirty: tuple[int, int] | None = None  # chunk bytes written, not yet flushed
         self._end_dirty = False
         self._seal_dirty = False
-        self._fd = -1  # for gathering writes where the mapping is not PMem
+        # Gathering writes where the mapping is not PMem go through an fd of the same file.
+        self._fd = -1 if self._map.is_pmem else os.open(path, os.O_RDWR)
 
     def header(self) -> SegmentHeader:
         return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
@@ -82,8 +87,6 @@ class PmemSegmentWriter(SegmentWriter):
         copy from the batches' own buffers (``pwritev``) beats copying through the mapping,
         which first has to fill in its page tables (about as costly as the copy). The
         mapping's flush (``msync``) covers these pages like any others of the file."""
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR)
         pieces = [memoryview(p).cast("B") for p in chunk.pieces()]
         crc = checksum_while(pieces, chunk.size,
                              lambda: write_halves(self._fd, pieces, pos, chunk.size))
@@ -123,12 +126,14 @@ class PmemSegmentWriter(SegmentWriter):
             self.sync()
 
     def close(self) -> None:
-        if self._map.addr is not None:
-            self.sync()
-        self._map.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        try:
+            if self._map.addr is not None:
+                self.sync()
+        finally:
+            self._map.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 class PmemTier(Tier):
@@ -189,6 +194,10 @@ class PmemTier(Tier):
         self._remove_dead_temp_files()
         free = self._free_names()
         missing = self.pool_size - self._in_use() - len(free)
+        if missing < 0:
+            # More files than the size (a resize that died growing the pool before saving
+            # the new size): give the surplus free ones back to the filesystem.
+            self._delete_free(free, -missing)
         slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
         next_slot = max(slots, default=-1) + 1
         for i in range(max(0, missing)):
@@ -204,14 +213,31 @@ class PmemTier(Tier):
         write_atomic(os.path.join(self.pool_dir, POOL_COMPLETE), self._marker())
         return max(0, missing)
 
+    def _delete_free(self, free: list[str], count: int) -> int:
+        """Delete up to ``count`` of the free pool files ``free`` (the newest first); return
+        how many could not be (taken by writers meanwhile)."""
+        for name in reversed(free):
+            if count <= 0:
+                break
+            try:
+                os.unlink(os.path.join(self.pool_dir, name))
+            except FileNotFoundError:
+                continue  # a writer took it meanwhile
+            count -= 1
+        fsync_dir(self.pool_dir)
+        return count
+
     def resize(self, capacity: int, save: Callable[[], None],
                progress: Callable[[int], None] | None = None) -> int:
         """Change the pool to hold ``capacity`` bytes: free pool files are deleted, or new
-        ones created; ``save`` records the new size (``_store.json``) in between. Returns
-        the change in pool files. Fails before changing anything when the segments on the
-        tier need more pool files than the new size gives."""
+        ones created, before ``save`` records the new size (``_store.json``). Returns the
+        change in pool files. Fails before changing anything when the segments on the tier
+        need more pool files than the new size gives, or the filesystem has no room for the
+        new ones; a failure or a crash midway leaves the pool at the old size (the next open
+        completes or trims it)."""
         self.prepare()
         new_files = self._pool_files(capacity)
+        marker = os.path.join(self.pool_dir, POOL_COMPLETE)
         with file_lock(os.path.join(self.pool_dir, POOL_LOCK)):
             in_use, free = self._in_use(), self._free_names()
             excess = in_use + len(free) - new_files
@@ -220,29 +246,42 @@ class PmemTier(Tier):
                     f"tier {self.number} ({self.path}) holds {in_use} segments; a pool of "
                     f"{new_files} files ({capacity} bytes) cannot hold them. Move segments "
                     "off the tier first (pafka migrate), or resize it to at least "
-                    f"{math.ceil(in_use * self.segment_bytes / self.pool_ratio)} bytes")
-            # Unmarked first: a crash from here on leaves a pool the next open completes to
-            # whichever size _store.json then holds.
+                    f"{math.ceil(in_use * self.segment_bytes / self.pool_ratio) + 1} bytes")
+            if excess < 0:
+                fs = os.statvfs(self.pool_dir)
+                room = fs.f_bavail * fs.f_frsize
+                if -excess * self.segment_bytes > room:
+                    raise StoreFull(
+                        f"tier {self.number} ({self.path}): {-excess} more pool files need "
+                        f"{-excess * self.segment_bytes} bytes; its filesystem has {room} free")
+            # Unmarked first: a crash from here on leaves a pool the next open completes (or
+            # trims) to whichever size _store.json then holds.
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.pool_dir, POOL_COMPLETE))
+                os.unlink(marker)
             fsync_dir(self.pool_dir)
-            for name in reversed(free):
-                if excess <= 0:
-                    break
-                try:
-                    os.unlink(os.path.join(self.pool_dir, name))
-                except FileNotFoundError:
-                    continue  # a writer took it meanwhile
-                excess -= 1
-            fsync_dir(self.pool_dir)
-            if excess > 0:
+            if excess > 0 and self._delete_free(free, excess) > 0:
                 raise StoreFull(f"tier {self.number} ({self.path}): writers took the free pool "
                                 "files while it was being shrunk; try again")
-            crash_point("resize.shrunk")
+            if excess < 0:
+                slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
+                made: list[str] = []
+                try:
+                    for slot in range(max(slots, default=-1) + 1,
+                                      max(slots, default=-1) + 1 - excess):
+                        made.append(self._create_pool_file(slot))
+                        if progress is not None:
+                            progress(1)
+                    fsync_dir(self.pool_dir)
+                except OSError as e:
+                    self._delete_free(made, len(made))
+                    write_atomic(marker, self._marker())  # the old pool, whole again
+                    raise StoreFull(f"tier {self.number} ({self.path}): growing the pool "
+                                    f"failed ({e}); it keeps its old size") from None
+            crash_point("resize.unsaved")
             save()
             self.capacity = capacity
             self.spec = replace(self.spec, size=capacity)
-            self._complete_pool(progress)
+            self._complete_pool()
         return new_files - (in_use + len(free))
 
     def _remove_dead_temp_files(self) -> None:
@@ -261,7 +300,7 @@ class PmemTier(Tier):
             log.info("pmem tier %s: removed %s, left by process %s that died creating a pool "
                      "file", self.path, name, pid)
 
-    def _create_pool_file(self, slot: int) -> None:
+    def _create_pool_file(self, slot: int) -> str:
         tmp = os.path.join(self.pool_dir, f"{TMP_PREFIX}{os.getpid()}-{slot}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -276,7 +315,9 @@ class PmemTier(Tier):
         finally:
             os.close(fd)
         crash_point("pool.create")
-        os.replace(tmp, os.path.join(self.pool_dir, f"{slot:06d}{POOL_SUFFIX}"))
+        name = f"{slot:06d}{POOL_SUFFIX}"
+        os.replace(tmp, os.path.join(self.pool_dir, name))
+        return name
 
     def _free_names(self) -> list[str]:
         try:
