@@ -446,16 +446,21 @@ def _record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
     return calls
 
 
-@pytest.mark.parametrize("kind", ["file", "pmem"])
-@pytest.mark.parametrize("durable", [True, False])
-def test_a_segment_made_in_a_directory_a_dead_writer_left_syncs_the_directory_entries(
-        kind, durable, tmp_path, shm_dir, monkeypatch):
+def _store_of_kind(kind: str, tmp_path, shm_dir) -> Store:
+    """A store of 64 KiB segments on a file tier, or on a pmem tier of 32 pool files."""
     conf = {"log.segment.bytes": "64k"}
     if kind == "pmem":
         conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
                      "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
                      "log.pmem.pool.ratio": 1.0})
-    store = Store.open(str(tmp_path / "s"), conf)
+    return Store.open(str(tmp_path / "s"), conf)
+
+
+@pytest.mark.parametrize("kind", ["file", "pmem"])
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_segment_made_in_a_directory_a_dead_writer_left_syncs_the_directory_entries(
+        kind, durable, tmp_path, shm_dir, monkeypatch):
+    store = _store_of_kind(kind, tmp_path, shm_dir)
     topic = store.create_topic("t", SCHEMA, partitions=1)
     tier = store.tiers[0]
     # A deferred writer that died before its first sync made <tier>/t/0 and left the entries
@@ -476,12 +481,7 @@ def test_a_segment_made_in_a_directory_a_dead_writer_left_syncs_the_directory_en
 @pytest.mark.parametrize("kind", ["file", "pmem"])
 def test_deferred_rolls_leave_every_fsync_to_sync_which_covers_new_files_and_pointers(
         kind, tmp_path, shm_dir, monkeypatch):
-    conf = {"log.segment.bytes": "64k"}
-    if kind == "pmem":
-        conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-                     "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
-                     "log.pmem.pool.ratio": 1.0})
-    store = Store.open(str(tmp_path / "s"), conf)
+    store = _store_of_kind(kind, tmp_path, shm_dir)
     topic = store.create_topic("t", SCHEMA, partitions=2)
     calls = _record_fsyncs(monkeypatch)
     refs = []
