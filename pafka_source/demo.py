@@ -10,7 +10,6 @@ but only a store the demo made is ever deleted: the demo marks its store with a 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -20,8 +19,9 @@ import time
 from typing import Any
 
 from tier_store import PafkaError
-from tier_store.config import parse_config, tier_key
+from tier_store.config import parse_config
 from tier_store.layout import STORE_FILE, STORE_LOCK
+from tier_store.store import read_saved
 
 log = logging.getLogger(__name__)
 
@@ -63,21 +63,13 @@ def is_demo_store(root: str, fast: str) -> bool:
     if os.path.isfile(os.path.join(root, DEMO_MARKER)):
         return True
     try:
-        with open(os.path.join(root, STORE_FILE), "rb") as f:
-            saved = json.loads(f.read())
+        saved = read_saved(root)
         entries = set(os.listdir(root))
-    except (OSError, ValueError):
+    except (OSError, PafkaError):
         return False
     demo = {k: list(v) if isinstance(v, tuple) else v
             for k, v in parse_config(store_options(root, fast)).items()}
-    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
-        return False
-    # Tier paths inside the root are saved relative to it.
-    config = {k: os.path.normpath(os.path.join(root, v))
-              if (tk := tier_key(k)) and tk[1] == "paths" and isinstance(v, str) and v
-              and "://" not in v else v
-              for k, v in saved["config"].items()}
-    return config == demo and entries <= _DEMO_ENTRIES
+    return saved is not None and saved["config"] == demo and entries <= _DEMO_ENTRIES
 
 
 def check_replaceable(root: str, fast: str) -> None:

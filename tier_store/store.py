@@ -108,7 +108,7 @@ class Store:
         # Shared against a resize, which saves a new size and changes the pool under the
         # exclusive lock: an open never completes a pool to a size read before that.
         with file_lock(os.path.join(root, STORE_LOCK), shared=True):
-            saved = _read_saved(root)
+            saved = read_saved(root)
             store_id: str | None = uuid.uuid4().hex
             if saved is None:
                 effective = StoreConfig(given)
@@ -117,7 +117,7 @@ class Store:
                 _claim_tiers(root, store_id, effective.tiers(root))
                 if not _save(root, effective, layout, store_id):
                     # another process created it first: validate against theirs
-                    saved = _read_saved(root)
+                    saved = read_saved(root)
             if saved is not None:
                 store_id = saved.get("id")
                 base = StoreConfig(parse_config(saved["config"]))
@@ -324,7 +324,7 @@ class Store:
             raise ConfigError(f"{key}={size}: tier {number} is REMOTE, which has no capacity "
                               "(0, unbounded)")
         with file_lock(os.path.join(self.root, STORE_LOCK)):
-            saved = _read_saved(self.root)
+            saved = read_saved(self.root)
             if saved is None:
                 raise ConfigError(f"{self.root}/{STORE_FILE} is gone")
             saved["config"][key] = new
@@ -388,8 +388,9 @@ def _portable_path(root: str, key: str, value: Any) -> Any:
     return value
 
 
-def _read_saved(root: str) -> dict[str, Any] | None:
-    """``_store.json`` with its relative tier paths resolved against ``root``."""
+def read_saved(root: str) -> dict[str, Any] | None:
+    """``_store.json`` of the store at ``root`` with its relative tier paths resolved against
+    ``root``; None if there is none, :class:`ConfigError` naming the file if it is damaged."""
     path = os.path.join(root, STORE_FILE)
     try:
         with open(path, "rb") as f:
@@ -493,11 +494,9 @@ def _claim_tier(root: str, store_id: str | None, tier: TierSpec) -> None:
 def _owner_store(root: str) -> dict[str, Any] | None:
     """The saved configuration of the store at ``root``; None if there is none (readable)."""
     try:
-        with open(os.path.join(root, STORE_FILE), "rb") as f:
-            saved = json.loads(f.read())
-    except (OSError, ValueError):
+        return read_saved(root)
+    except (OSError, ConfigError):
         return None
-    return saved if isinstance(saved, dict) else None
 
 
 def _portable(root: str, body: dict[str, Any]) -> dict[str, Any]:

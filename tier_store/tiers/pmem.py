@@ -198,8 +198,7 @@ class PmemTier(Tier):
             # More files than the size (a resize that died growing the pool before saving
             # the new size): give the surplus free ones back to the filesystem.
             self._delete_free(free, -missing)
-        slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
-        next_slot = max(slots, default=-1) + 1
+        next_slot = _next_slot(free)
         for i in range(max(0, missing)):
             self._create_pool_file(next_slot + i)
             if progress is not None:
@@ -263,11 +262,10 @@ class PmemTier(Tier):
                 raise StoreFull(f"tier {self.number} ({self.path}): writers took the free pool "
                                 "files while it was being shrunk; try again")
             if excess < 0:
-                slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
+                first = _next_slot(free)
                 made: list[str] = []
                 try:
-                    for slot in range(max(slots, default=-1) + 1,
-                                      max(slots, default=-1) + 1 - excess):
+                    for slot in range(first, first - excess):
                         made.append(self._create_pool_file(slot))
                         if progress is not None:
                             progress(1)
@@ -393,6 +391,12 @@ class PmemTier(Tier):
             os.rename(path, os.path.join(self.pool_dir, name))
             fsync_dir(self.pool_dir)
         fsync_dir(os.path.dirname(path))
+
+
+def _next_slot(free: list[str]) -> int:
+    """The slot after the highest numbered free pool file (released ones have names)."""
+    slots = [int(n.split(".")[0]) for n in free if n.split(".")[0].isdigit()]
+    return max(slots, default=-1) + 1
 
 
 def _alive(pid: int) -> bool:
