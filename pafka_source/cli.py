@@ -34,10 +34,6 @@ log = logging.getLogger(__name__)
 DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tier store, or run "
                "the end-to-end Spark demo.")
 
-# JSON's names for what json.loads returns, for errors about a malformed store file.
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
-               bool: "boolean", type(None): "null"}
-
 
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -70,29 +66,6 @@ def _error_text(e: BaseException) -> str:
 
 
 # -- opening a store ---------------------------------------------------------------------------
-def _check_store_file(path: str) -> None:
-    """Fail in one line unless ``_store.json`` has the shape Store.open reads (an object with
-    ``format``, and ``config`` and ``layout`` objects); Store.open would raise KeyError or
-    AttributeError on a damaged one."""
-    try:
-        with open(path, "rb") as f:
-            saved = json.loads(f.read())
-    except ValueError as e:  # UnicodeDecodeError included
-        raise PafkaError(f"{path} is damaged: not JSON ({e})") from None
-    if isinstance(saved, dict):
-        missing = [k for k in ("format", "config", "layout") if k not in saved]
-        wrong = [k for k in ("config", "layout") if k in saved and not isinstance(saved[k], dict)]
-        if not missing and not wrong:
-            return
-        found = "; ".join([*(f"{k} is missing" for k in missing),
-                           *(f"{k} is a JSON {_JSON_TYPES.get(type(saved[k]), 'value')}"
-                             for k in wrong)])
-    else:
-        found = f"found a JSON {_JSON_TYPES.get(type(saved), 'value')}"
-    raise PafkaError(f"{path} is damaged: expected a JSON object with format, config and "
-                     f"layout, {found}")
-
-
 def _open_store(root: str, config: dict[str, str] | None = None,
                 cls: type[Store] = Store) -> Store:
     """Open the existing store at ``root``; never create one, as ``Store.open`` would."""
@@ -111,7 +84,6 @@ def _open_store(root: str, config: dict[str, str] | None = None,
         raise PafkaError(f"no store at {path} (no {STORE_FILE}{why}); check the path. pafka "
                          "opens existing stores only: Store.open() in Python, or the first "
                          "write of the Spark sink, creates one")
-    _check_store_file(store_file)
     return cls.open(path, config)
 
 

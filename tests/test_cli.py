@@ -132,6 +132,9 @@ def test_a_directory_a_file_or_an_empty_root_is_not_taken_for_a_store(tmp_path):
     (b'{"format": 1}', "config is missing"),
     (b"[]", "found a JSON array"),
     (b'{"format": 1, "config": [], "layout": {}}', "config is a JSON array"),
+    (b'{"format": 1, "config": {}, "layout": {}}', "layout.tier.paths is missing"),
+    (b'{"format": 7, "config": {}, "layout": {"tier.paths": []}}',
+     "unsupported store format 7"),
     (b"{not json", "not JSON"),
     (b'{"format": 1, "config": {"log.segment.bytes": "\xff"}}', "not JSON"),
 ])

@@ -388,6 +388,29 @@ def _portable_path(root: str, key: str, value: Any) -> Any:
     return value
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number",
+               float: "number", bool: "boolean", type(None): "null"}
+
+
+def _saved_shape_problems(saved: Any) -> str:
+    """What keeps ``saved`` from having the shape of ``_store.json``, or ''."""
+    def kind(v: Any) -> str:
+        return f"a JSON {_JSON_TYPES.get(type(v), 'value')}"
+
+    if not isinstance(saved, dict):
+        return f"found {kind(saved)}"
+    found = [f"{k} is missing" for k in ("format", "config", "layout") if k not in saved]
+    found += [f"{k} is {kind(saved[k])}" for k in ("config", "layout")
+              if k in saved and not isinstance(saved[k], dict)]
+    layout = saved.get("layout")
+    if isinstance(layout, dict):
+        if "tier.paths" not in layout:
+            found.append("layout.tier.paths is missing")
+        elif not isinstance(layout["tier.paths"], list):
+            found.append(f"layout.tier.paths is {kind(layout['tier.paths'])}")
+    return "; ".join(found)
+
+
 def read_saved(root: str) -> dict[str, Any] | None:
     """``_store.json`` of the store at ``root`` with its relative tier paths resolved against
     ``root``; None if there is none, :class:`ConfigError` naming the file if it is damaged."""
@@ -397,16 +420,16 @@ def read_saved(root: str) -> dict[str, Any] | None:
             saved = json.loads(f.read())
     except FileNotFoundError:
         return None
-    except ValueError as e:
-        raise ConfigError(f"saved store configuration {path} is unreadable: {e}") from None
-    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
-        found = saved.get("format") if isinstance(saved, dict) else saved
-        raise ConfigError(f"{path}: unsupported store format {found!r}")
-    layout = saved.get("layout")
-    if not isinstance(saved.get("config"), dict) or not isinstance(layout, dict) \
-            or not isinstance(layout.get("tier.paths"), list):
-        raise ConfigError(f"saved store configuration {path} is damaged: expected config and "
-                          "layout objects, the layout with tier.paths")
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ConfigError(f"{path} is damaged: not JSON ({e})") from None
+    found = _saved_shape_problems(saved)
+    if found:
+        raise ConfigError(f"{path} is damaged: expected a JSON object with format, config and "
+                          f"layout, the layout with a tier.paths array; {found}")
+    if saved["format"] != _FORMAT:
+        raise ConfigError(f"{path}: unsupported store format {saved['format']!r} (this "
+                          f"release reads format {_FORMAT})")
+    layout = saved["layout"]
     saved["config"] = {k: _resolve_path(root, k, v) for k, v in saved["config"].items()}
     layout["tier.paths"] = [_resolve_path(root, "storage.tiers.1.paths", p)
                             for p in layout["tier.paths"]]
