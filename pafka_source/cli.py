@@ -184,6 +184,23 @@ def cmd_resize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_relocate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from tier_store import relocate_tier
+
+    if not args.root.strip():
+        raise PafkaError("the store root is empty: name the store's directory")
+    with tqdm(unit=" segments", desc="checking", disable=None) as bar, \
+            logging_redirect_tqdm():
+        r = relocate_tier(args.root, args.tier, args.path, progress=bar.update)
+    print(f"tier {r.tier}: {r.old_path} -> {r.new_path}; {r.segments} segments "
+          f"({_human(r.bytes)}) found there. Processes that have the store open use the old "
+          "path until they reopen it")
+    return 0
+
+
 def _config_args(args: argparse.Namespace) -> dict[str, str]:
     conf = {}
     for item in args.set or []:
@@ -194,7 +211,7 @@ def _config_args(args: argparse.Namespace) -> dict[str, str]:
             # Store.open refuses both (saved in _store.json); say so in terms of this command.
             raise ConfigError(f"--set {k}: tier sizes and paths are fixed when the store is "
                               f"created (saved in {STORE_FILE}; `pafka resize` changes a "
-                              "size); --set takes changeable keys such as "
+                              "size, `pafka relocate` a path); --set takes changeable keys such as "
                               "storage.migrate.threshold")
         conf[k] = v
     return conf
@@ -367,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run every storage.migrate.interval.ms until interrupted")
     m.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3"
-                        " (not tier sizes or paths: see pafka resize)")
+                        " (not tier sizes or paths: see pafka resize and pafka relocate)")
     m.set_defaults(func=cmd_migrate)
     r = command("resize", "change a tier's capacity (a PMEM tier's pool follows) and save it "
                           "for every process")
@@ -375,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("tier", type=int, help="tier number, 1 = fastest")
     r.add_argument("size", help="bytes, or with a suffix k, m, g, t (KiB, MiB, GiB, TiB)")
     r.set_defaults(func=cmd_resize)
+    o = command("relocate", "point a tier at the directory (or URL) it was moved or copied "
+                            "to, once that holds all the tier's segments")
+    o.add_argument("root")
+    o.add_argument("tier", type=int, help="tier number, 1 = fastest")
+    o.add_argument("path", help="the tier's new directory, or fsspec URL for a REMOTE tier")
+    o.set_defaults(func=cmd_relocate)
     c = command("describe", "partitions, offsets, segments and groups of a topic")
     c.add_argument("root")
     c.add_argument("topic")

@@ -256,6 +256,25 @@ def test_resize_grows_and_shrinks_a_pmem_pool_for_every_later_open(tmp_path, shm
                     "storage.tiers.first.sizes", "a size in bytes")
 
 
+def test_relocate_points_a_tier_at_its_moved_directory(tmp_path, shm_dir):
+    tier = os.path.join(shm_dir, "a")
+    s, t = _tiered(tmp_path, tier, n=40)
+    segments = len([x for x in t.segments() if x.tier == 1])
+    s.close()
+    moved = os.path.join(shm_dir, "b")
+    _one_line_error(_pafka("relocate", str(tmp_path), "1", moved), "no such directory")
+    os.rename(tier, moved)
+    r = _pafka("relocate", str(tmp_path), "1", moved)
+    assert r.returncode == 0, r.stderr
+    assert f"tier 1: {tier} -> {moved}; {segments} segments" in r.stdout
+    assert "Traceback" not in r.stderr
+    with Store.open(tmp_path) as s:
+        assert s.tiers[0].path == moved
+        assert sum(b.num_rows for b in s.topic("t").read(0, 0)) == 8000
+    _one_line_error(_pafka("relocate", str(tmp_path), "1", str(tmp_path)), "store's root")
+    _one_line_error(_pafka("relocate", str(tmp_path / "nope"), "1", moved), "no store at")
+
+
 def test_migrate_with_migration_disabled_says_so(tmp_path, shm_dir):
     _tiered(tmp_path, shm_dir, n=40)
     r = _pafka("migrate", str(tmp_path), "--set", "storage.migrate.threshold=-1")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tier_store import ConfigError, Store
+from tier_store import ConfigError, Store, relocate_tier
 
 from .conftest import SCHEMA, make_batch, read_all
 
@@ -171,3 +171,125 @@ def test_a_symlinked_tier_inside_the_root_is_claimed(tmp_path, shm_dir):
     shutil.copytree(tmp_path / "a", tmp_path / "b", symlinks=True)  # as cp -r does
     with pytest.raises(ConfigError, match="is a copy of that store"):
         Store.open(tmp_path / "b")
+
+
+# -- relocate_tier: a tier's directory moved or copied ------------------------------------------
+def _pmem_at(path):
+    return {**_outside(None, str(path)), "storage.tiers.first.sizes": "4m"}
+
+
+def _fill_many(root, config=None, start=0, n=3000):
+    """Several segments' worth (64 KiB segments) on tier 1, in partition 0."""
+    with Store.open(root, config) as s:
+        t = s.topic("t") if s.has_topic("t") else s.create_topic("t", SCHEMA, partitions=2)
+        for i in range(start, start + n, 300):
+            t.append(make_batch(i, 300), partition=0)
+        return len([x for x in t.segments() if x.tier == 1])
+
+
+def test_a_copy_with_copies_of_its_outside_tiers_is_relocated_and_independent(tmp_path,
+                                                                             shm_dir):
+    a_tier, b_tier = Path(shm_dir, "a"), Path(shm_dir, "b")
+    segments = _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    assert segments >= 2
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.copytree(a_tier, b_tier)
+    with pytest.raises(ConfigError, match=f"pafka relocate {tmp_path / 'b'} 1 DIR"):
+        Store.open(tmp_path / "b")
+    r = relocate_tier(tmp_path / "b", 1, str(b_tier))
+    assert (r.tier, r.old_path, r.new_path, r.segments) == (1, str(a_tier), str(b_tier),
+                                                            segments)
+    assert json.loads((b_tier / "_pafka_store").read_text())["root"] == str(tmp_path / "b")
+    assert json.loads((a_tier / "_pafka_store").read_text())["root"] == str(tmp_path / "a")
+    saved = json.loads((tmp_path / "b" / "_store.json").read_text())
+    assert saved["layout"]["tier.paths"][0] == str(b_tier)
+    assert saved["config"]["storage.tiers.first.paths"] == str(b_tier)
+    before = _contents(a_tier)
+    _fill_many(tmp_path / "b", start=3000, n=1500)
+    assert _contents(a_tier) == before
+    with Store.open(tmp_path / "a") as a, Store.open(tmp_path / "b") as b:
+        assert read_all(a.topic("t"), 0) == list(range(3000))
+        assert read_all(b.topic("t"), 0) == list(range(4500))
+        assert all(x.ok for x in a.check()) and all(x.ok for x in b.check())
+        assert b.tiers[0].path == str(b_tier)
+
+
+def test_a_moved_tier_directory_is_relocated_and_can_come_into_the_root(tmp_path):
+    conf = {"storage.tiers.first.paths": str(tmp_path / "disk1"), "log.segment.bytes": "64k"}
+    _fill_many(tmp_path / "s", conf)
+    os.rename(tmp_path / "disk1", tmp_path / "disk2")
+    with pytest.raises(ConfigError, match=f"pafka relocate {tmp_path / 's'} 1 "):
+        Store.open(tmp_path / "s", {"storage.tiers.first.paths": str(tmp_path / "disk2")})
+    relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"))
+    _fill_many(tmp_path / "s", start=3000, n=600)
+    with Store.open(tmp_path / "s") as s:
+        assert read_all(s.topic("t"), 0) == list(range(3600))
+    # Into the root: saved relative, so the root moves with it; no claim file inside.
+    os.rename(tmp_path / "disk2", tmp_path / "s" / "fast")
+    r = relocate_tier(tmp_path / "s", 1, str(tmp_path / "s" / "fast"))
+    assert r.old_path == str(tmp_path / "disk2")
+    assert json.loads((tmp_path / "s" / "_store.json").read_text())["layout"]["tier.paths"] \
+        == ["fast"]
+    assert not (tmp_path / "s" / "fast" / "_pafka_store").exists()
+    os.rename(tmp_path / "s", tmp_path / "moved")
+    with Store.open(tmp_path / "moved") as s:
+        assert read_all(s.topic("t"), 0) == list(range(3600))
+
+
+def test_a_relocation_that_would_lose_data_changes_nothing(tmp_path, shm_dir):
+    a_tier = Path(shm_dir, "a")
+    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    store_file = (tmp_path / "b" / "_store.json").read_bytes()
+
+    def refused(tier, path, match):
+        with pytest.raises(ConfigError, match=match):
+            relocate_tier(tmp_path / "b", tier, str(path))
+        assert (tmp_path / "b" / "_store.json").read_bytes() == store_file
+
+    refused(1, Path(shm_dir, "nowhere"), "no such directory; move or copy tier 1's directory")
+    Path(shm_dir, "empty").mkdir()
+    refused(1, Path(shm_dir, "empty"), r"does not hold tier 1's segments: of \d+, \d+ missing")
+    assert not Path(shm_dir, "empty", "_pafka_store").exists()
+    # A copy taken while a writer was still appending: a segment shorter than its chunks.
+    shutil.copytree(a_tier, Path(shm_dir, "b"))
+    seg = next(Path(shm_dir, "b", "t", "0").iterdir())
+    os.truncate(seg, 100)
+    refused(1, Path(shm_dir, "b"), "1 shorter than their committed chunks")
+    refused(3, Path(shm_dir, "b"), r"tier 3: the store at .* has tiers 1..2 \(PMEM, HDD\)")
+    refused(1, "file:///x", "tier 1 is PMEM, so its path is a local directory")
+    refused(1, tmp_path / "b" / "tier-2", "is the store's tier 2")
+    refused(1, tmp_path / "b", "is the store's root")
+    # The original's own tier directory (it holds every segment, but another store uses it).
+    shutil.rmtree(Path(shm_dir, "b"))
+    shutil.copytree(a_tier, Path(shm_dir, "b"))
+    relocate_tier(tmp_path / "b", 1, str(Path(shm_dir, "b")))
+    with pytest.raises(ConfigError, match=f"is a tier directory of the store at {tmp_path / 'b'}"):
+        relocate_tier(tmp_path / "a", 1, str(Path(shm_dir, "b")))
+    with Store.open(tmp_path / "a") as a:
+        assert read_all(a.topic("t"), 0) == list(range(3000))
+
+
+def test_a_remote_tier_is_relocated_to_a_copy_of_its_bucket(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "NVME,REMOTE",
+            "storage.tiers.first.sizes": "1m", "storage.tiers.second.paths": url,
+            "log.segment.bytes": "64k"}
+    with Store.open(tmp_path / "s", conf) as s:
+        t = s.create_topic("t", SCHEMA)
+        for i in range(0, 6000, 300):
+            t.append(make_batch(i, 300))
+        moved = [x for x in t.segments() if x.sealed][:3]
+        for x in moved:
+            s.move_segment(x.id, 2, topic="t")
+    assert len(moved) >= 2
+    with pytest.raises(ConfigError, match="its path is an fsspec URL"):
+        relocate_tier(tmp_path / "s", 2, str(tmp_path / "bucket2"))
+    with pytest.raises(ConfigError, match=f"of {len(moved)}, {len(moved)} missing"):
+        relocate_tier(tmp_path / "s", 2, f"file://{tmp_path}/bucket2")
+    shutil.copytree(tmp_path / "bucket", tmp_path / "bucket2")
+    shutil.rmtree(tmp_path / "bucket")
+    assert relocate_tier(tmp_path / "s", 2, f"file://{tmp_path}/bucket2").segments == len(moved)
+    with Store.open(tmp_path / "s") as s:
+        assert read_all(s.topic("t"), 0) == list(range(6000))
+        assert s.tiers[1].path == f"file://{tmp_path}/bucket2"

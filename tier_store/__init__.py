@@ -22,6 +22,7 @@ from .errors import (
     TopicNotFound,
 )
 from .records import AppendResult, ChunkRef, SegmentInfo
+from .relocate import Relocation, relocate_tier
 from .store import Store
 from .topic import Topic
 
@@ -36,6 +37,7 @@ __all__ = [
     "DataLoss",
     "PafkaError",
     "PmemUnavailable",
+    "Relocation",
     "SchemaMismatch",
     "SegmentInfo",
     "Store",
@@ -44,4 +46,5 @@ __all__ = [
     "TopicExists",
     "TopicNotFound",
     "__version__",
+    "relocate_tier",
 ]

@@ -7,7 +7,8 @@ the store's saved configuration (``_store.json``), the declared defaults.
 Layout keys (tier types, paths, sizes, segment size, channel type) are fixed when a store is
 created; a later open that names a different value fails with :class:`ConfigError` naming
 both values. A tier's size changes with ``Store.resize_tier`` (``pafka resize``), which saves
-it for every process. Keys declared ``changeable`` may differ per open.
+it for every process, and its path with ``relocate_tier`` (``pafka relocate``) once its
+directory has moved. Keys declared ``changeable`` may differ per open.
 """
 
 from __future__ import annotations
@@ -425,7 +426,10 @@ def properties_text() -> str:
         lines.append(f"# {key.doc}")
         fixed = "" if key.changeable else (
             " Saved when the store is created; `pafka resize` changes it."
-            if key.name.endswith(".sizes") else " Fixed when the store is created.")
+            if key.name.endswith(".sizes") else
+            " Saved when the store is created; `pafka relocate` changes it, once the tier's "
+            "directory has moved." if key.name.endswith(".paths") else
+            " Fixed when the store is created.")
         lines.append(f"# Allowed: {key.allowed()}.{fixed}")
         lines.append(f"#{key.name}={render_value(key.default)}")
         lines.append("")
@@ -434,7 +438,8 @@ def properties_text() -> str:
               "# for storage.tiers.types=PMEM,HDD,REMOTE: its fsspec URL (it holds sealed",
               "# segments only) and its capacity (0 = unbounded).",
               "# Allowed: as tier 2; naming a tier storage.tiers.types does not have is an error."
-              " Paths are fixed when the store is created.",
+              " Saved when the store is created; `pafka resize` and `pafka relocate` change"
+              " them.",
               "#storage.tiers.3.paths=s3://bucket/pafka",
               "#storage.tiers.3.sizes=0", ""]
     return "\n".join(lines)
@@ -451,7 +456,9 @@ def render_value(value: Any) -> str:
 def _changeable_text(key: ConfigKey) -> str:
     if key.changeable:
         return "yes"
-    return "`pafka resize`" if key.name.endswith(".sizes") else "no"
+    if key.name.endswith(".sizes"):
+        return "`pafka resize`"
+    return "`pafka relocate`" if key.name.endswith(".paths") else "no"
 
 
 def markdown_table() -> str:
@@ -461,7 +468,7 @@ def markdown_table() -> str:
         rows.append(f"| `{key.name}` | `{render_value(key.default)}` | {key.allowed()} | "
                     f"{_changeable_text(key)} | {key.doc} |")
     rows.append("| `storage.tiers.<n>.paths` / `.sizes` | | as tier 2; n at most the number "
-                "of storage.tiers.types | paths no, sizes `pafka resize` | Tier n of "
+                "of storage.tiers.types | `pafka relocate` / `pafka resize` | Tier n of "
                 "storage.tiers.types (1-based; `first` = 1, `second` = 2), e.g. a REMOTE "
                 "third tier. |")
     return "\n".join(rows)

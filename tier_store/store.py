@@ -499,8 +499,9 @@ def _claim_tier(root: str, store_id: str | None, tier: TierSpec) -> None:
             raise ConfigError(
                 f"tier {tier.number} directory {tier.path} belongs to the store at "
                 f"{owner_root} (see {marker}); the store at {root} is {what} and would "
-                f"write over its segments. Open the store at {owner_root}; a store of its "
-                "own needs tier directories of its own, named when it is created")
+                f"write over its segments. Open the store at {owner_root}; a copy needs "
+                f"a copy of this directory of its own, recorded with `pafka relocate {root} "
+                f"{tier.number} DIR`")
         if not same_id and _holds_data(tier.path):
             raise ConfigError(
                 f"tier {tier.number} directory {tier.path} holds segments of the store that "
@@ -561,7 +562,9 @@ def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],
                                1):
         if a != b:
             raise ConfigError(f"storage.tiers.{n}.paths={a} conflicts with the store at {root}, "
-                              f"created with {b}; layout keys cannot change")
+                              f"created with {b}; if tier {n}'s directory has moved there, "
+                              f"record it with `pafka relocate {root} {n} {a}` "
+                              "(tier_store.relocate_tier)")
     for a, b in zip(now_conf.tiers(root), saved.tiers(root), strict=False):
         if a.size != b.size:
             raise ConfigError(
