@@ -4,13 +4,18 @@ a copy never writes into the tier directories of the store it was copied from.""
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from tier_store import ConfigError, Store, relocate_tier
+from tier_store import ConfigError, DataLoss, Store, relocate_tier
 
-from .conftest import SCHEMA, make_batch, read_all
+from .conftest import ROOT, SCHEMA, make_batch, read_all
 
 
 def _fill(root, config=None, rows=(0, 10)):
@@ -126,7 +131,8 @@ def test_two_stores_given_one_tier_directory_are_refused(tmp_path, shm_dir):
     _fill(tmp_path / "a", conf)
     owner = json.loads(Path(shm_dir, "_pafka_store").read_text())
     saved = json.loads((tmp_path / "a" / "_store.json").read_text())
-    assert owner == {"store": saved["id"], "root": str(tmp_path / "a")}
+    assert owner == {"store": saved["id"], "root": str(tmp_path / "a"),
+                     "host": socket.gethostname()}
 
 
 def test_a_damaged_store_file_is_named(tmp_path):
@@ -264,7 +270,7 @@ def test_a_relocation_that_would_lose_data_changes_nothing(tmp_path, shm_dir):
     shutil.rmtree(Path(shm_dir, "b"))
     shutil.copytree(a_tier, Path(shm_dir, "b"))
     relocate_tier(tmp_path / "b", 1, str(Path(shm_dir, "b")))
-    with pytest.raises(ConfigError, match=f"is a tier directory of the store at {tmp_path / 'b'}"):
+    with pytest.raises(ConfigError, match=f"is a tier of the store at {tmp_path / 'b'}"):
         relocate_tier(tmp_path / "a", 1, str(Path(shm_dir, "b")))
     with Store.open(tmp_path / "a") as a:
         assert read_all(a.topic("t"), 0) == list(range(3000))
@@ -293,3 +299,194 @@ def test_a_remote_tier_is_relocated_to_a_copy_of_its_bucket(tmp_path):
     with Store.open(tmp_path / "s") as s:
         assert read_all(s.topic("t"), 0) == list(range(6000))
         assert s.tiers[1].path == f"file://{tmp_path}/bucket2"
+
+
+def test_relocation_refuses_places_that_overlap_a_store(tmp_path, shm_dir, monkeypatch):
+    a_tier = Path(shm_dir, "a")
+    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.copytree(a_tier, Path(shm_dir, "b"))
+    store_file = (tmp_path / "b" / "_store.json").read_bytes()
+
+    def refused(tier, path, match):
+        with pytest.raises(ConfigError, match=match):
+            relocate_tier(tmp_path / "b", tier, str(path))
+        assert (tmp_path / "b" / "_store.json").read_bytes() == store_file
+
+    # Tier 2 has no committed segments, so any directory holds them all: what guards it is
+    # where the directory lies. Another store's tier in its root has no claim file.
+    refused(2, tmp_path / "a" / "tier-2", f"lies in the store at {tmp_path / 'a'}")
+    refused(2, tmp_path / "a" / "t", f"lies in the store at {tmp_path / 'a'}")
+    (tmp_path / "b" / "t" / "x").mkdir()
+    refused(2, tmp_path / "b" / "t" / "x", "lies in the directory of topic 't'")
+    refused(2, tmp_path, "is the store's root or holds it")
+    Path(shm_dir, "b", "sub").mkdir()
+    refused(2, Path(shm_dir, "b", "sub"), f"lies in the tier directory {shm_dir}/b ")
+    (tmp_path / "b" / "tier-2" / "deeper").mkdir()
+    refused(1, tmp_path / "b" / "tier-2" / "deeper", "overlaps the store's tier 2")
+    refused(1, f"{shm_dir}/b,2", "storage.tiers.first.paths.*comma")
+    refused(1, "  ", "the new path of tier 1 is empty")
+    # Through a symlink, and as a relative path (against the working directory).
+    os.symlink(Path(shm_dir, "b"), tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+    assert relocate_tier(tmp_path / "b", 1, "link").new_path == str(tmp_path / "link")
+    with Store.open(tmp_path / "b") as b:
+        assert read_all(b.topic("t"), 0) == list(range(3000))
+
+
+def test_relocation_checks_each_segment_s_header_and_last_chunk(tmp_path, shm_dir):
+    # A pmem segment is a pool file of full size whatever it holds, so its length says
+    # nothing about a copy taken too early: its header and last chunk do.
+    a_tier = Path(shm_dir, "a")
+    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with Store.open(tmp_path / "a") as a:
+        segs = sorted((x for x in a.topic("t").state().segments.values()
+                       if x.tier == 1 and x.partition == 0), key=lambda x: x.seq)
+        paths = [a.tier(1).segment_path("t", 0, x.seq) for x in segs]
+    assert len(segs) >= 2
+    copy = Path(shm_dir, "b")
+    shutil.copytree(a_tier, copy)
+    first = copy / os.path.relpath(paths[0], a_tier)
+    second = copy / os.path.relpath(paths[1], a_tier)
+    saved = first.read_bytes()
+    with open(first, "r+b") as f:  # the last committed chunk's bytes are not all there
+        f.seek(segs[0].extent - 10)
+        f.write(b"\0" * 10)
+    with pytest.raises(ConfigError, match="1 whose last committed chunk does not match"):
+        relocate_tier(tmp_path / "b", 1, str(copy))
+    first.write_bytes(saved)
+    shutil.copyfile(first, second)
+    with pytest.raises(ConfigError, match="1 of another segment .*its header says partition 0"):
+        relocate_tier(tmp_path / "b", 1, str(copy))
+
+
+def test_a_commit_while_relocating_refuses_it(tmp_path):
+    conf = {"storage.tiers.first.paths": str(tmp_path / "disk1"), "log.segment.bytes": "64k"}
+    _fill_many(tmp_path / "s", conf)
+    writer = Store.open(tmp_path / "s").topic("t")
+    shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")  # copied with a writer running
+    store_file = (tmp_path / "s" / "_store.json").read_bytes()
+    calls = []
+
+    def progress(n):
+        if not calls:
+            writer.append(make_batch(3000, 10), partition=1)
+        calls.append(n)
+
+    with pytest.raises(ConfigError, match="topic 't' committed while tier 1 was being checked"):
+        relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=progress)
+    assert (tmp_path / "s" / "_store.json").read_bytes() == store_file
+    writer.store.close()
+
+
+def test_an_open_after_a_tier_moved_names_relocate_and_makes_nothing(tmp_path, shm_dir):
+    a_tier = Path(shm_dir, "a")
+    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    os.rename(a_tier, Path(shm_dir, "b"))
+    # It used to make the directory again and append there, splitting the tier in two.
+    with pytest.raises(ConfigError, match=f"tier 1 directory {a_tier} of the store at "
+                                          f".* is missing.*pafka relocate"):
+        Store.open(tmp_path / "a")
+    assert not a_tier.exists()
+    relocate_tier(tmp_path / "a", 1, str(Path(shm_dir, "b")))
+    _fill_many(tmp_path / "a", start=3000, n=300)
+    with Store.open(tmp_path / "a") as s:
+        assert read_all(s.topic("t"), 0) == list(range(3300))
+
+
+def test_a_tier_inside_another_store_is_refused_when_a_store_is_created(tmp_path):
+    # Another store's default tier has no claim file: it lies in that store's root.
+    _fill(tmp_path / "a")
+    for path in (tmp_path / "a" / "tier-1", tmp_path / "a", tmp_path / "a" / "x" / "y"):
+        with pytest.raises(ConfigError, match=f"lies in the store at {tmp_path / 'a'}"):
+            Store.open(tmp_path / "b", {"storage.tiers.first.paths": str(path)})
+        assert not (tmp_path / "b" / "_store.json").exists()
+    with Store.open(tmp_path / "a") as a:
+        assert read_all(a.topic("t"), 0) == list(range(10))
+
+
+def test_tiers_that_overlap_are_refused_when_a_store_is_created(tmp_path):
+    def refused(paths, match):
+        conf = {"log.channel.type": "tiered", "storage.tiers.types": "NVME,HDD",
+                "storage.tiers.first.paths": str(paths[0]),
+                "storage.tiers.second.paths": str(paths[1])}
+        with pytest.raises(ConfigError, match=match):
+            Store.open(tmp_path / "s", conf)
+        assert not (tmp_path / "s" / "_store.json").exists()
+
+    # Nested tiers were created, and every later open refused the inner one.
+    refused((tmp_path / "t" / "inner", tmp_path / "t"), "overlap; each tier needs a place")
+    refused((tmp_path / "t", tmp_path / "t" / "inner"), "overlap")
+    refused((tmp_path / "t", tmp_path / "t"), "overlap")
+    refused((tmp_path / "s", tmp_path / "t"), "is the store's root .* or holds it")
+    refused((tmp_path, tmp_path / "t"), "is the store's root .* or holds it")
+
+
+def test_a_tier_directory_the_store_was_not_made_with_is_refused(tmp_path, shm_dir):
+    # An unmounted mount point is an empty directory: appending there would split the tier.
+    a_tier = Path(shm_dir, "a")
+    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    os.rename(a_tier, Path(shm_dir, "mounted"))
+    a_tier.mkdir()
+    with pytest.raises(ConfigError, match=f"tier 1 directory {a_tier} .* has no _pafka_store: "
+                                          "it is not the directory"):
+        Store.open(tmp_path / "a")
+    assert os.listdir(a_tier) == []
+    # Its data declared lost: an empty claim opens the store, and reads name the loss.
+    (a_tier / "_pafka_store").touch()
+    with Store.open(tmp_path / "a") as s, pytest.raises(DataLoss, match="missing"):
+        read_all(s.topic("t"), 0)
+
+
+def _as_old_release(root, tier):
+    """Make the store at ``root`` look made by a release without ids and hosts."""
+    saved = json.loads((root / "_store.json").read_text())
+    del saved["id"]
+    (root / "_store.json").write_text(json.dumps(saved))
+    (Path(tier) / "_pafka_store").write_text(json.dumps({"store": None, "root": str(root)}))
+
+
+def test_a_store_of_an_older_release_gets_an_id_and_is_never_taken_for_another(tmp_path,
+                                                                             shm_dir):
+    a_tier = Path(shm_dir, "a")
+    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    _as_old_release(tmp_path / "a", a_tier)
+    with Store.open(tmp_path / "a") as s:
+        assert s.id is not None and read_all(s.topic("t"), 0) == list(range(3000))
+    saved = json.loads((tmp_path / "a" / "_store.json").read_text())
+    owner = json.loads((a_tier / "_pafka_store").read_text())
+    assert owner == {"store": saved["id"], "root": str(tmp_path / "a"),
+                     "host": socket.gethostname()}
+    # Two old stores had one id, None: a store made where a moved one was took its tier.
+    _as_old_release(tmp_path / "a", a_tier)
+    os.rename(tmp_path / "a", tmp_path / "a2")
+    with pytest.raises(ConfigError, match="holds segments of the store that was at"):
+        Store.open(tmp_path / "a", _pmem_at(a_tier))
+    # The moved one cannot be told from another store either: it takes its tier explicitly.
+    with pytest.raises(ConfigError, match=f"pafka relocate {tmp_path / 'a2'} 1 DIR"):
+        Store.open(tmp_path / "a2")
+    relocate_tier(tmp_path / "a2", 1, str(a_tier))
+    with Store.open(tmp_path / "a2") as s:
+        assert read_all(s.topic("t"), 0) == list(range(3000))
+
+
+def test_processes_creating_one_store_at_once_agree(tmp_path, shm_dir):
+    # Each used to claim the tier against the other: one failed, naming its own root.
+    code = textwrap.dedent("""
+        import sys, time
+        from tier_store import Store
+        root, tier, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+        time.sleep(max(0.0, start - time.time()))
+        s = Store.open(root, {"storage.tiers.first.paths": tier})
+        print(s.id)
+    """)
+    for i in range(4):
+        start = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"s{i}"),
+                                   os.path.join(shm_dir, f"t{i}"), str(start)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  cwd=ROOT) for _ in range(3)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+        assert len({o[0].strip() for o in outs}) == 1

@@ -1,12 +1,13 @@
 """The remote tier through fsspec: a file:// URL and fsspec's in-memory filesystem."""
 
+import json
 import os
 import uuid
 
 import pytest
 
 from migration import MigrationService
-from tier_store import ConfigError, PafkaError, Store
+from tier_store import ConfigError, PafkaError, Store, relocate_tier
 from tier_store.recovery import check_topic
 
 from .conftest import SCHEMA, make_batch, read_all
@@ -147,3 +148,64 @@ def test_garbage_collection_never_deletes_a_copy_a_move_is_uploading(tmp_path, r
     fresh = Store.open(s.root).topic("t")
     assert read_all(fresh, 0) == list(range(12_000))
     assert check_topic(fresh).ok
+
+
+def _at(root, url):
+    return Store.open(root, {
+        "log.channel.type": "tiered", "storage.tiers.types": "NVME,REMOTE",
+        "storage.tiers.first.sizes": "1m", "storage.tiers.second.paths": url,
+        "log.segment.bytes": "64k", "log.cleanup.grace.ms": 0})
+
+
+def test_two_stores_given_one_remote_tier_never_touch_each_other_s_files(tmp_path, remote_url,
+                                                                        caplog):
+    # Each would take the other's remote segments for its own garbage (same topic name),
+    # and their moves would write the same names.
+    a = _at(tmp_path / "a", remote_url)
+    ta = _fill(a, n=30)
+    sealed = [x for x in ta.segments() if x.sealed]
+    a.move_segment(sealed[0].id, 2, topic="t")
+    b = _at(tmp_path / "b", remote_url)
+    tb = _fill(b, n=30)
+    with pytest.raises(ConfigError, match=f"tier 2 {remote_url}.* belongs to the store at "
+                                          f"{tmp_path / 'a'} .* is another store"):
+        b.move_segment([x for x in tb.segments() if x.sealed][0].id, 2, topic="t")
+    assert b.collect_garbage(tb) == 0
+    assert "no garbage collection on tier 2" in caplog.text
+    fresh = Store.open(tmp_path / "a").topic("t")
+    assert read_all(fresh, 0) == list(range(6000))
+    assert check_topic(fresh).ok
+    # A store moved elsewhere takes its remote claim along on its first move there.
+    a.close()
+    os.rename(tmp_path / "a", tmp_path / "a2")
+    a2 = Store.open(tmp_path / "a2")
+    a2.move_segment(sealed[1].id, 2, topic="t")
+    with pytest.raises(ConfigError, match=f"belongs to the store at {tmp_path / 'a2'}"):
+        b.move_segment([x for x in tb.segments() if x.sealed][0].id, 2, topic="t")
+    assert read_all(Store.open(tmp_path / "a2").topic("t"), 0) == list(range(6000))
+
+
+def test_a_remote_tier_claimed_from_another_host_is_never_assumed_free(tmp_path, remote_url,
+                                                                      caplog):
+    # Whether a store on another host still exists cannot be seen from here: its claim is
+    # kept until the operator takes the tier over, by relocating it in place.
+    import fsspec
+    fs, base = fsspec.core.url_to_fs(remote_url)
+    fs.makedirs(base, exist_ok=True)
+    claim = json.dumps({"store": "x", "root": str(tmp_path / "a"), "host": "elsewhere"})
+    fs.pipe_file(base.rstrip("/") + "/_pafka_store", claim.encode())
+    fs.makedirs(base.rstrip("/") + "/t/0", exist_ok=True)
+    fs.pipe_file(base.rstrip("/") + "/t/0/00000000000000000000.seg", b"theirs")
+    s = _at(tmp_path / "a", remote_url)
+    t = _fill(s, n=30)
+    sealed = [x for x in t.segments() if x.sealed]
+    with pytest.raises(ConfigError, match=f"on host elsewhere .* cannot be checked from host "
+                                          f".*pafka relocate {tmp_path / 'a'} 2 URL"):
+        s.move_segment(sealed[1].id, 2, topic="t")
+    assert s.collect_garbage(t) == 0 and "no garbage collection on tier 2" in caplog.text
+    assert fs.cat_file(base.rstrip("/") + "/t/0/00000000000000000000.seg") == b"theirs"
+    s.close()
+    relocate_tier(tmp_path / "a", 2, remote_url)
+    s = Store.open(tmp_path / "a")
+    s.move_segment(sealed[1].id, 2, topic="t")
+    assert read_all(s.topic("t"), 0) == list(range(6000))

@@ -332,6 +332,7 @@ def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_pmem_persist_path_is_used_when_libpmem_reports_pmem(shm_dir, tmp_path):
+    shm_dir = os.path.join(shm_dir, "a")  # the second store's tier beside it, not in it
     code = f"""
         from tier_store import Store
         from tests.conftest import make_batch, SCHEMA
@@ -349,7 +350,7 @@ def test_pmem_persist_path_is_used_when_libpmem_reports_pmem(shm_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "is_pmem True" in r.stdout and "rows 100" in r.stdout
     env = dict(os.environ, PMEM_IS_PMEM_FORCE="0")
-    r = _run(code.replace(str(tmp_path), str(tmp_path / "b")).replace(shm_dir, shm_dir + "/b"),
+    r = _run(code.replace(str(tmp_path), str(tmp_path / "b")).replace(shm_dir, shm_dir[:-1] + "b"),
              env)
     assert r.returncode == 0, r.stderr
     assert "is_pmem False" in r.stdout

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from .crash import crash_point
+from .errors import ConfigError
 from .layout import REMOTE_LOCK, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
 
 if TYPE_CHECKING:
@@ -124,6 +125,13 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
     st = topic.state()
     reclaimed = 0
     for tier in store.tiers:
+        try:
+            store.claim_remote(tier)
+        except ConfigError as e:
+            # Its files may be another store's: reclaim nothing there.
+            log.warning("topic %s: no garbage collection on tier %d: %s", topic.name,
+                        tier.number, e)
+            continue
         candidates: dict[int, list[tuple[str, str, float]]] = {}
         actives: dict[int, tuple[int, int] | None] = {}
         for p, name, path, mtime in tier.partition_files(topic.name):

@@ -118,6 +118,8 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
     """Move (and merge) sealed segments of ``topic`` to tier ``tier_number``."""
     store = topic.store
     target = store.tier(tier_number)
+    # Before any file there is written or freed: a remote tier may be another store's.
+    store.claim_remote(target)
     for _ in range(attempts):
         t0 = time.perf_counter()
         # refresh() applies new entries to the state's own SegmentState objects, in place,

@@ -4,9 +4,9 @@ A tier's path is a layout key, fixed when the store is created, because the comm
 segments by tier and the tier's path says where they are. When the directory itself moves
 (another PMem mount point, a new disk, a bucket copied elsewhere), or when a copy of a store
 gets copies of its tiers outside the root, :func:`relocate_tier` records the new path, once
-it has checked that the new place holds every committed segment of the tier, at least up to
-its last committed chunk. It never copies data: the operator moves or copies the directory
-first, with writers and the migration service stopped.
+it has checked that the new place holds the tier's committed segments. It never copies data:
+the operator moves or copies the directory first, with writers and the migration service
+stopped.
 """
 
 from __future__ import annotations
@@ -19,20 +19,30 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .chunk import checksum
+from .claims import (
+    LocalClaim,
+    claim_data,
+    claim_of,
+    enclosing_owner,
+    owner_store,
+    read_owner,
+    same_store,
+)
 from .commit_log import CommitLog
 from .config import StoreConfig, canonical_key, parse_config, tier_key
-from .errors import ConfigError
+from .errors import ConfigError, CorruptSegment
 from .layout import (
     STORE_FILE,
     STORE_LOCK,
-    TIER_OWNER,
     entry_name,
     file_lock,
-    fsync_dir,
     log_dir,
     write_atomic,
 )
-from .store import _inside, _owner_store, _portable, _resolve_path, read_saved
+from .reading import read_range
+from .saved import inside, portable, read_saved, resolve_path
+from .state import TopicState
 from .tiers import make_tier
 from .tiers.base import Tier
 
@@ -41,7 +51,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Relocation:
-    """What :func:`relocate_tier` did: the tier, its old and new path, the segments checked."""
+    """What :func:`relocate_tier` did: the tier, its old and new path, what it checked."""
 
     tier: int
     old_path: str
@@ -56,13 +66,14 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
     moved or copied, and save that in ``_store.json``.
 
     The store need not open: a copy whose tiers still name the original's directories does
-    not. ``path`` is checked first: it must be a tier of the same kind (a local directory,
-    or an fsspec URL for a REMOTE tier), no other tier of the store, and hold every segment
-    the commit log places on the tier, each at least as long as its last committed chunk
-    (``progress`` is called with 1 per segment checked); a local directory outside the root
-    must not be another store's tier. Otherwise :class:`ConfigError` says what is missing
-    and nothing changes. Stop the store's writers and migration service first: a process
-    with the store open goes on using the old path until it opens it again.
+    not. ``path`` must be of the tier's kind (a local directory, or an fsspec URL for a
+    REMOTE tier), belong to no other store and overlap no other tier or topic of this one,
+    and hold every segment the commit log places on the tier: each with its header, at
+    least as long as its committed chunks, its last committed chunk matching its checksum
+    (``progress`` is called with 1 per segment checked; ``pafka check`` verifies every
+    chunk). Otherwise :class:`ConfigError` says what is wrong and nothing changes; so it does
+    when a topic commits meanwhile. Stop the store's writers and migration service first: a
+    process with the store open goes on using the old path until it opens it again.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isfile(os.path.join(root, STORE_FILE)):
@@ -79,131 +90,204 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
                               f"{len(specs)} ({', '.join(s.type for s in specs)})")
         spec = specs[number - 1]
         old = saved["layout"]["tier.paths"][number - 1]
-        remote = spec.type == "REMOTE"
-        if remote != ("://" in path):
-            raise ConfigError(f"{path}: tier {number} is {spec.type}, so its path is "
-                              f"{'an fsspec URL' if remote else 'a local directory'}")
         key = canonical_key(f"storage.tiers.{number}.paths")
-        new = path if remote else _resolve_path(os.getcwd(), key, path)
-        _check_new_path(root, number, new, old, [s.path for s in specs])
+        new = parse_config({key: path})[key]  # the key's own rules (no commas, stripped)
+        if not new:
+            raise ConfigError(f"{key}: the new path of tier {number} is empty")
+        remote = spec.type == "REMOTE"
+        if remote != ("://" in new):
+            raise ConfigError(f"{new}: tier {number} is {spec.type}, so its path is "
+                              f"{'an fsspec URL' if remote else 'a local directory'}")
+        if remote:
+            new = new.rstrip("/")
+            _check_new_url(number, new, [s.path for s in specs])
+        else:
+            new = resolve_path(os.getcwd(), key, new)
+            _check_new_dir(root, saved.get("id"), number, new, old, [s.path for s in specs])
         tier = make_tier(replace(spec, path=new), config)
-        segments, total = _check_segments(root, number, tier, progress)
-        if not remote:
-            _take_directory(root, saved.get("id"), number, new)
+        states = _states(root)
+        versions = {name: st.version for name, st in states.items()}
+        segments, total = _check_segments(number, tier, states, progress)
+        for name, st in states.items():
+            now = CommitLog(log_dir(root, name), name).refresh(st).version  # updates st
+            if now != versions[name]:
+                raise ConfigError(
+                    f"topic {name!r} committed while tier {number} was being checked "
+                    f"(version {versions[name]} -> {now}): stop the store's writers and "
+                    "migration service, then relocate; nothing changed")
+        _take(root, saved.get("id"), number, new)
         # Every spelling of the key goes: the canonical one is what is saved from now on.
         saved["config"] = {k: v for k, v in saved["config"].items()
                            if tier_key(k) != (number, "paths")}
         saved["config"][key] = new
         saved["layout"]["tier.paths"][number - 1] = new
         write_atomic(os.path.join(root, STORE_FILE),
-                     json.dumps(_portable(root, saved), indent=1).encode())
-        if not remote:
-            _release_directory(root, saved.get("id"), old)
+                     json.dumps(portable(root, saved), indent=1).encode())
+        if not _same_place(old, new):
+            _release(root, saved.get("id"), number, old)
     log.info("store %s: tier %d relocated from %s to %s (%d segments checked)", root, number,
              old, new, segments)
     return Relocation(number, old, new, segments, total)
 
 
-def _check_new_path(root: str, number: int, new: str, old: str, paths: list[str]) -> None:
-    if "://" in new:
-        if new.rstrip("/") == old.rstrip("/"):
-            raise ConfigError(f"tier {number} is at {new} already")
-        return
+def _check_new_url(number: int, new: str, paths: list[str]) -> None:
+    for n, p in enumerate(paths, 1):
+        if n != number and "://" in p and p.rstrip("/") == new:
+            raise ConfigError(f"{new} is the store's tier {n}; a tier needs a place of its own")
+
+
+def _check_new_dir(root: str, store_id: str | None, number: int, new: str, old: str,
+                   paths: list[str]) -> None:
+    """``new`` is a directory that overlaps nothing of this store's but tier ``number`` and
+    lies in no other store."""
     if not os.path.isdir(new):
         why = "no such directory" if not os.path.exists(new) else "not a directory"
         raise ConfigError(f"{new}: {why}; move or copy tier {number}'s directory ({old}) "
                           "there first")
     real = os.path.realpath(new)
+    real_root = os.path.realpath(root)
+    if inside(real, real_root):
+        raise ConfigError(f"{new} is the store's root or holds it; a tier needs a directory "
+                          "of its own")
     for n, p in enumerate(paths, 1):
-        if "://" not in p and os.path.exists(p) and os.path.realpath(p) == real:
-            raise ConfigError(f"{new} is tier {n}'s directory already" if n == number else
-                              f"{new} is the store's tier {n}; a tier needs a directory of "
+        if "://" in p or not os.path.exists(p):
+            continue
+        if n == number:
+            continue  # the same place: taken over in place (a claim from elsewhere)
+        other = os.path.realpath(p)
+        if other == real:
+            raise ConfigError(f"{new} is the store's tier {n}; a tier needs a directory of "
                               "its own")
-    if real == os.path.realpath(root):
-        raise ConfigError(f"{new} is the store's root; a tier needs a directory of its own")
+        if inside(other, real) or inside(real, other):
+            raise ConfigError(f"{new} overlaps the store's tier {n} ({p}); a tier needs a "
+                              "directory of its own")
+    if inside(real_root, real):
+        top = os.path.relpath(real, real_root).split(os.sep)[0]
+        if os.path.exists(os.path.join(log_dir(real_root, top), entry_name(0))) or \
+                os.path.exists(os.path.join(log_dir(real_root, top), "_last_checkpoint")):
+            raise ConfigError(f"{new} lies in the directory of topic {top!r}; a tier needs a "
+                              "directory of its own")
+    owner = enclosing_owner(real, real_root, store_id)
+    if owner is not None:
+        raise ConfigError(f"{new} lies in {owner}; a tier of the store at {root} needs a "
+                          "directory of its own")
 
 
-def _check_segments(root: str, number: int, tier: Tier, progress: Callable[[int], None] | None
-                    ) -> tuple[int, int]:
-    """Check that ``tier`` (at its new path) holds the committed segments the commit log
-    places on tier ``number``; (segments, bytes) checked."""
-    missing: list[str] = []
-    short: list[str] = []
-    count = total = 0
+def _states(root: str) -> dict[str, TopicState]:
+    out = {}
     for name in sorted(os.listdir(root)):
         d = log_dir(root, name)
-        if not (os.path.exists(os.path.join(d, entry_name(0))) or
-                os.path.exists(os.path.join(d, "_last_checkpoint"))):
-            continue
-        st = CommitLog(d, name).load()
+        if os.path.exists(os.path.join(d, entry_name(0))) or \
+                os.path.exists(os.path.join(d, "_last_checkpoint")):
+            out[name] = CommitLog(d, name).load()
+    return out
+
+
+def _last_chunks(rows: np.ndarray) -> dict[int, np.void]:
+    """Each segment's last committed chunk (highest position), by segment seq."""
+    if not len(rows):
+        return {}
+    order = np.lexsort((rows["pos"], rows["seq"]))
+    by = rows[order]
+    last = np.flatnonzero(np.append(by["seq"][1:] != by["seq"][:-1], True))
+    return {int(by["seq"][i]): by[i] for i in last}
+
+
+def _check_segments(number: int, tier: Tier, states: dict[str, TopicState],
+                    progress: Callable[[int], None] | None) -> tuple[int, int]:
+    """Check that ``tier`` (at its new path) holds the committed segments the commit log
+    places on tier ``number``; (segments, committed bytes) checked."""
+    bad: dict[str, list[str]] = {}
+    count = total = 0
+    for name, st in states.items():
+        last: dict[int, dict[int, np.void]] = {}
         for seg in st.segments.values():
             if seg.tier != number:
                 continue
-            rows = st.chunks[seg.partition].rows()
-            mine = rows[rows["seq"] == seg.seq]
-            need = int(np.max(mine["pos"] + mine["len"])) if len(mine) else 0
+            if seg.partition not in last:
+                last[seg.partition] = _last_chunks(st.chunks[seg.partition].rows())
             spath = tier.segment_path(name, seg.partition, seg.seq)
-            try:
-                size = tier.file_size(spath)
-            except FileNotFoundError:
-                missing.append(spath)
-            else:
-                if size < need:
-                    short.append(f"{spath} ({size} bytes, its chunks end at {need})")
+            problem = _segment_problem(tier, spath, seg.partition, seg.seq, seg.extent,
+                                       last[seg.partition].get(seg.seq))
+            if problem:
+                bad.setdefault(problem[0], []).append(f"{spath}{problem[1]}")
             count += 1
-            total += need
+            total += seg.bytes
             if progress is not None:
                 progress(1)
-    if missing or short:
-        what = []
-        if missing:
-            what.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-        if short:
-            what.append(f"{len(short)} shorter than their committed chunks (e.g. "
-                        f"{', '.join(short[:3])})")
+    if bad:
+        found = "; ".join(f"{len(v)} {k} (e.g. {', '.join(v[:3])})" for k, v in bad.items())
         raise ConfigError(f"{tier.path} does not hold tier {number}'s segments: of {count}, "
-                          f"{'; '.join(what)}. Move or copy the whole tier directory there, "
-                          "with the store's writers stopped, and try again; nothing changed")
+                          f"{found}. Move or copy the whole tier directory there, with the "
+                          "store's writers stopped, and try again; nothing changed")
     return count, total
 
 
-def _take_directory(root: str, store_id: str | None, number: int, new: str) -> None:
-    """Write this store's claim into ``new`` unless another store uses it as a tier."""
-    marker = os.path.join(new, TIER_OWNER)
-    if _inside(os.path.realpath(root), os.path.realpath(new)):
-        if os.path.exists(marker):  # a claim copied along; tiers in the root carry none
-            os.unlink(marker)
-            fsync_dir(new)
-        return
+def _segment_problem(tier: Tier, path: str, partition: int, seq: int, extent: int,
+                     last: np.void | None) -> tuple[str, str] | None:
+    """(kind, detail) of what is wrong with one segment at the new place, or None."""
     try:
-        with open(marker, "rb") as f:
-            owner = json.loads(f.read())
-        owner_root = str(owner["root"])
+        size = tier.file_size(path)
+        header = tier.read_header(path)
     except FileNotFoundError:
-        owner_root = None
-    except (ValueError, KeyError, TypeError):
-        owner_root = None  # unreadable: claimed anew below
-    if owner_root is not None and owner_root != root:
-        other = _owner_store(owner_root)
-        real = os.path.realpath(new)
-        if other is not None and any(
-                "://" not in p and os.path.exists(p) and os.path.realpath(p) == real
-                for p in other["layout"]["tier.paths"]):
-            raise ConfigError(
-                f"{new} is a tier directory of the store at {owner_root} (see {marker}); "
-                f"tier {number} of the store at {root} needs a copy of its own")
-    write_atomic(marker, json.dumps({"store": store_id, "root": root}).encode())
+        return "missing", ""
+    except CorruptSegment as e:
+        return "with a damaged header", f" ({e})"
+    if header is None:
+        return "missing", ""
+    if (header.partition, header.seq) != (partition, seq):
+        return "of another segment", (f" (its header says partition {header.partition}, "
+                                      f"segment {header.seq})")
+    if size < extent:
+        return "shorter than their committed chunks", (f" ({size} bytes, its chunks end at "
+                                                       f"{extent})")
+    if last is not None:
+        buf = read_range(path, int(last["pos"]), int(last["len"]))
+        if checksum(buf) != int(last["crc"]):
+            return "whose last committed chunk does not match its checksum", ""
+    return None
 
 
-def _release_directory(root: str, store_id: str | None, old: str) -> None:
-    """Drop this store's claim on the tier's old directory, if it is still there."""
-    marker = os.path.join(old, TIER_OWNER)
-    try:
-        with open(marker, "rb") as f:
-            owner = json.loads(f.read())
-    except (OSError, ValueError):
+def _take(root: str, store_id: str | None, number: int, new: str) -> None:
+    """Claim ``new`` for this store, unless another store on this host uses it as a tier;
+    a tier in the root carries no claim (one copied along is dropped). A claim from another
+    host is taken over: the operator names the place, and it holds this store's segments."""
+    claim = claim_of(number, new)
+    if isinstance(claim, LocalClaim) and "://" not in new and \
+            inside(os.path.realpath(root), os.path.realpath(new)):
+        claim.remove()
         return
-    if isinstance(owner, dict) and owner.get("root") == root and \
-            owner.get("store") == store_id:
-        os.unlink(marker)
-        fsync_dir(old)
+    try:
+        owner = read_owner(claim)
+    except ValueError:
+        owner = None  # unreadable: claimed anew
+    if owner is not None and not same_store(owner, root, store_id):
+        if owner.here():
+            other = owner_store(owner.root)
+            if other is not None and other.get("id") == owner.id and \
+                    any(_same_place(p, new) for p in other["layout"]["tier.paths"]):
+                raise ConfigError(f"{new} is a tier of the store at {owner.root} (see "
+                                  f"{claim.marker}); tier {number} of the store at {root} "
+                                  "needs a copy of its own")
+        log.warning("tier %d %s: claim of %s taken over by the store at %s", number, new,
+                    owner.text(), root)
+    claim.replace(claim_data(root, store_id))
+
+
+def _same_place(a: str, b: str) -> bool:
+    if ("://" in a) != ("://" in b):
+        return False
+    if "://" in a:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.exists(a) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _release(root: str, store_id: str | None, number: int, old: str) -> None:
+    """Drop this store's claim on the tier's old place, if it is still there."""
+    try:
+        claim = claim_of(number, old)
+        owner = read_owner(claim)
+        if owner is not None and owner.here() and (owner.root, owner.id) == (root, store_id):
+            claim.remove()
+    except (OSError, ValueError, ConfigError) as e:  # the old place may be gone
+        log.info("tier %d: old place %s not released: %s", number, old, e)

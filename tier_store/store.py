@@ -5,9 +5,10 @@
 reads it, and a given layout key that differs is a :class:`ConfigError` naming both values.
 
 A store can be moved or copied as a directory: tier paths inside the root are saved relative
-to it. A tier outside the root is claimed by a ``_pafka_store`` file in its directory, so that
-a copy of the root, or a second store given the same tier directory, fails to open instead of
-writing segments over the owner's.
+to it. A tier outside the root is claimed by a ``_pafka_store`` file in its directory (see
+:mod:`tier_store.claims`), so that a copy of the root, or a second store given the same tier
+directory, fails to open instead of writing segments over the owner's; a tier directory that
+moved is recorded with :func:`tier_store.relocate_tier`.
 
 Thread-safety: a store may be shared by threads; topic handles are cached per store.
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .claims import claim_local_tiers, claim_of, claim_tier
 from .commit_log import CommitLog
 from .config import (
     LAYOUT_KEYS,
@@ -42,11 +44,9 @@ from .entries import CreateEntry, schema_to_text
 from .errors import ConfigError, PafkaError, StoreFull, TopicExists, TopicNotFound
 from .garbage import collect_garbage
 from .layout import (
-    POOL_DIR,
     STORE_FILE,
     STORE_LOCK,
     TIER_OWNER,
-    TMP_PREFIX,
     check_topic_name,
     entry_name,
     file_lock,
@@ -59,13 +59,13 @@ from .layout import (
 )
 from .moves import MoveResult, move_segment
 from .recovery import CheckReport, check_topic
+from .saved import FORMAT, inside, jsonable, portable, read_saved, resolve_path
 from .state import TopicState
 from .tiers import PmemTier, SegmentWriter, Tier, make_tier
 from .topic import Topic
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
 _locks_guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
 _lock_fds: dict[str, int] = {}
@@ -84,10 +84,12 @@ os.register_at_fork(after_in_child=_forget_locks_after_fork)
 class Store:
     """A tier store rooted at a directory. Use :meth:`open`."""
 
-    def __init__(self, root: str, config: StoreConfig, tiers: list[Tier]):
+    def __init__(self, root: str, config: StoreConfig, tiers: list[Tier],
+                 store_id: str | None = None):
         self.root = root
         self.config = config
         self.tiers = tiers
+        self.id = store_id  # None for stores saved before stores had ids
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
 
@@ -103,27 +105,32 @@ class Store:
         root = os.path.abspath(os.fspath(root))
         # Relative tier paths given now are relative to the working directory, as in any
         # command; the saved ones are relative to the root.
-        given = {k: _resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
+        given = {k: resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
         makedirs_durable(root)
+        lock = os.path.join(root, STORE_LOCK)
+        with file_lock(lock, shared=True):
+            saved = read_saved(root)
+        if saved is None or saved.get("id") is None:
+            # Made (or, made by a release without ids, given one) under the exclusive lock:
+            # two processes creating one store must not claim its tiers against each other.
+            with file_lock(lock):
+                saved = read_saved(root)
+                if saved is None:
+                    _create(root, StoreConfig(given))
+                elif saved.get("id") is None:
+                    _give_id(root, saved)
         # Shared against a resize, which saves a new size and changes the pool under the
         # exclusive lock: an open never completes a pool to a size read before that.
-        with file_lock(os.path.join(root, STORE_LOCK), shared=True):
+        with file_lock(lock, shared=True):
             saved = read_saved(root)
-            store_id: str | None = uuid.uuid4().hex
             if saved is None:
-                effective = StoreConfig(given)
-                layout = effective.layout(root)
-                # Claimed before _store.json exists: a store refused a tier is not left behind.
-                _claim_tiers(root, store_id, effective.tiers(root))
-                if not _save(root, effective, layout, store_id):
-                    # another process created it first: validate against theirs
-                    saved = read_saved(root)
-            if saved is not None:
-                store_id = saved.get("id")
-                base = StoreConfig(parse_config(saved["config"]))
-                _check_layout(root, base, given, saved["layout"])
-                effective = base.with_overrides(given)
-                _claim_tiers(root, store_id, effective.tiers(root))
+                raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
+            store_id = saved.get("id")
+            base = StoreConfig(parse_config(saved["config"]))
+            _check_layout(root, base, given, saved["layout"])
+            effective = base.with_overrides(given)
+            _check_tier_dirs(root, store_id, effective.tiers(root))
+            claim_local_tiers(root, store_id, effective.tiers(root))
             tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
             for t in tiers:
                 t.prepare()
@@ -132,7 +139,7 @@ class Store:
                     # tier on RAM that lost its files) must not leave the pool short for good.
                     # Cheap once the pool is marked complete.
                     t.ensure_pool()
-        return cls(root, effective, tiers)
+        return cls(root, effective, tiers, store_id)
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, tiers={self.tiers})"
@@ -170,7 +177,7 @@ class Store:
         makedirs_durable(ldir)
         makedirs_durable(partitions_dir(self.root, name))
         entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
-                            {k: _jsonable(v) for k, v in topic_conf.items()})
+                            {k: jsonable(v) for k, v in topic_conf.items()})
         if not CommitLog(ldir, name).publish(0, entry):
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
         log.info("created topic %s with %d partitions", name, partitions)
@@ -331,7 +338,7 @@ class Store:
 
             def save() -> None:
                 write_atomic(os.path.join(self.root, STORE_FILE),
-                             json.dumps(_portable(self.root, saved), indent=1).encode())
+                             json.dumps(portable(self.root, saved), indent=1).encode())
 
             changed = 0
             if isinstance(tier, PmemTier):
@@ -342,6 +349,13 @@ class Store:
             self.config = self.config.with_overrides({key: new})
         log.info("store %s: tier %d resized to %d bytes", self.root, number, new)
         return changed
+
+    def claim_remote(self, tier: Tier) -> None:
+        """Make sure remote ``tier`` is this store's before writing or deleting files there
+        (:class:`ConfigError` if another store's claim is on it). Read every time, one
+        request: another host may have taken the tier over since."""
+        if not tier.local:
+            claim_tier(self.root, self.id, tier.number, claim_of(tier.number, tier.path))
 
     def collect_garbage(self, topic: Topic) -> int:
         """Reclaim unreferenced segment files of ``topic`` past the grace period."""
@@ -360,182 +374,84 @@ class Store:
         self.close()
 
 
-def _jsonable(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+def _create(root: str, config: StoreConfig) -> None:
+    """Create the store at ``root``: claim and make its tiers, then save ``_store.json``."""
+    specs = config.tiers(root)
+    _check_distinct_tiers(root, specs)
+    store_id = uuid.uuid4().hex
+    # Claimed before _store.json exists: a store refused a tier is not left behind.
+    claim_local_tiers(root, store_id, specs)
+    # Made before it exists too: from then on, a missing one has moved or is lost.
+    for spec in specs:
+        if "://" not in spec.path:
+            makedirs_durable(spec.path)
+    if not _save(root, config, config.layout(root), store_id):
+        raise ConfigError(f"{root}/{STORE_FILE} appeared while the store was being created "
+                          "under its lock: was it written by hand?")
 
 
-def _inside(root: str, path: str) -> bool:
-    return os.path.commonpath([root, path]) == root
+def _give_id(root: str, saved: dict[str, Any]) -> None:
+    """Give a store made by a release without ids one, and claim its tiers outside the root
+    with it; saved portable (tier paths in the root relative), so it can move from now on."""
+    saved["id"] = uuid.uuid4().hex
+    config = StoreConfig(parse_config(saved["config"]))
+    claim_local_tiers(root, saved["id"], config.tiers(root))
+    write_atomic(os.path.join(root, STORE_FILE),
+                 json.dumps(portable(root, saved), indent=1).encode())
+    log.info("store %s: given the id %s", root, saved["id"])
 
 
-def _is_path_key(key: str) -> bool:
-    tk = tier_key(key)
-    return tk is not None and tk[1] == "paths"
+def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
+    """A new store's tiers are each a place of their own, apart from the root's own files."""
+    real_root = os.path.realpath(root)
+    seen: list[tuple[TierSpec, str]] = []
+    for spec in specs:
+        real = spec.path.rstrip("/") if "://" in spec.path else os.path.realpath(spec.path)
+        if "://" not in spec.path and inside(real, real_root):
+            raise ConfigError(f"storage.tiers.{spec.number}.paths={spec.path} is the store's "
+                              f"root {root} or holds it; a tier needs a directory of its own")
+        for other, other_real in seen:
+            if ("://" in spec.path) != ("://" in other.path):
+                continue
+            if real == other_real or ("://" not in real and (
+                    inside(real, other_real) or inside(other_real, real))):
+                raise ConfigError(
+                    f"storage.tiers.{other.number}.paths={other.path} and storage.tiers."
+                    f"{spec.number}.paths={spec.path} overlap; each tier needs a place of its "
+                    "own")
+        seen.append((spec, real))
 
 
-def _resolve_path(base: str, key: str, value: Any) -> Any:
-    """A local tier path made absolute against ``base``; any other value as it is."""
-    if _is_path_key(key) and isinstance(value, str) and value and "://" not in value:
-        return os.path.normpath(os.path.join(base, value))
-    return value
-
-
-def _portable_path(root: str, key: str, value: Any) -> Any:
-    """A local tier path inside ``root`` made relative to it, so that the root can move."""
-    if _is_path_key(key) and isinstance(value, str) and os.path.isabs(value) \
-            and _inside(root, value):
-        return os.path.relpath(value, root)
-    return value
-
-
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number",
-               float: "number", bool: "boolean", type(None): "null"}
-
-
-def _saved_shape_problems(saved: Any) -> str:
-    """What keeps ``saved`` from having the shape of ``_store.json``, or ''."""
-    def kind(v: Any) -> str:
-        return f"a JSON {_JSON_TYPES.get(type(v), 'value')}"
-
-    if not isinstance(saved, dict):
-        return f"found {kind(saved)}"
-    found = [f"{k} is missing" for k in ("format", "config", "layout") if k not in saved]
-    found += [f"{k} is {kind(saved[k])}" for k in ("config", "layout")
-              if k in saved and not isinstance(saved[k], dict)]
-    layout = saved.get("layout")
-    if isinstance(layout, dict):
-        if "tier.paths" not in layout:
-            found.append("layout.tier.paths is missing")
-        elif not isinstance(layout["tier.paths"], list):
-            found.append(f"layout.tier.paths is {kind(layout['tier.paths'])}")
-    return "; ".join(found)
-
-
-def read_saved(root: str) -> dict[str, Any] | None:
-    """``_store.json`` of the store at ``root`` with its relative tier paths resolved against
-    ``root``; None if there is none, :class:`ConfigError` naming the file if it is damaged."""
-    path = os.path.join(root, STORE_FILE)
-    try:
-        with open(path, "rb") as f:
-            saved = json.loads(f.read())
-    except FileNotFoundError:
-        return None
-    except ValueError as e:  # UnicodeDecodeError included
-        raise ConfigError(f"{path} is damaged: not JSON ({e})") from None
-    found = _saved_shape_problems(saved)
-    if found:
-        raise ConfigError(f"{path} is damaged: expected a JSON object with format, config and "
-                          f"layout, the layout with a tier.paths array; {found}")
-    if saved["format"] != _FORMAT:
-        raise ConfigError(f"{path}: unsupported store format {saved['format']!r} (this "
-                          f"release reads format {_FORMAT})")
-    layout = saved["layout"]
-    saved["config"] = {k: _resolve_path(root, k, v) for k, v in saved["config"].items()}
-    layout["tier.paths"] = [_resolve_path(root, "storage.tiers.1.paths", p)
-                            for p in layout["tier.paths"]]
-    return saved
-
-
-def _claim_tiers(root: str, store_id: str | None, specs: list[TierSpec]) -> None:
-    """Claim each local tier whose directory lies outside ``root`` (symlinks resolved: a
-    symlink in the root to a PMem mount is copied by ``cp -r`` as a symlink)."""
+def _check_tier_dirs(root: str, store_id: str | None, specs: list[TierSpec]) -> None:
+    """An existing store's local tier directories are the ones it was made with: made (and
+    claimed, outside the root) before its _store.json was saved, a missing or unclaimed
+    one was moved, lost or is an unmounted mount point. Writing there would put new
+    segments where none of the old ones are, and split the tier."""
     real_root = os.path.realpath(root)
     for spec in specs:
-        if "://" in spec.path or _inside(real_root, os.path.realpath(spec.path)):
+        if "://" in spec.path:
             continue
-        makedirs_durable(spec.path)
-        _claim_tier(root, store_id, spec)
-
-
-def _holds_data(path: str) -> bool:
-    """Whether a tier directory holds anything but its pool and claim (topics' segments)."""
-    return any(n not in (TIER_OWNER, POOL_DIR) and not n.startswith(TMP_PREFIX)
-               for n in os.listdir(path))
-
-
-def _claim_tier(root: str, store_id: str | None, tier: TierSpec) -> None:
-    """Make sure no other store writes into ``tier``, a local directory outside ``root``.
-
-    Its ``_pafka_store`` file names the owning store (id and root). The tier is refused when
-    that file names a store that still exists and is not this one: a copy of this root (same
-    id, another ``_store.json``) or another store. The same store seen through another path
-    (a symlink) is accepted, and a store moved to this root takes its tier's claim along. A
-    tier whose owner is gone is taken over only when it holds no segments: they may belong
-    to a store moved elsewhere and not opened there yet.
-    """
-    marker = os.path.join(tier.path, TIER_OWNER)
-    mine = json.dumps({"store": store_id, "root": root}).encode()
-    for _ in range(3):
-        try:
-            with open(marker, "rb") as f:
-                owner = json.loads(f.read())
-            owner_root, owner_id = str(owner["root"]), owner.get("store")
-        except FileNotFoundError:
-            tmp = write_temp(tier.path, mine)
-            try:
-                os.link(tmp, marker)
-            except FileExistsError:
-                continue  # claimed by another process meanwhile: read theirs
-            finally:
-                os.unlink(tmp)
-            fsync_dir(tier.path)
-            return
-        except (ValueError, KeyError, TypeError):
-            # Unreadable (torn by hand or by a disk error; it is written atomically): the
-            # store opening it claims it again.
-            log.warning("tier %d directory %s: %s is unreadable; claiming the tier for the "
-                        "store at %s", tier.number, tier.path, marker, root)
-            write_atomic(marker, mine)
-            return
-        same_id = owner_id == store_id
-        if owner_root == root and same_id:
-            return
-        other = _owner_store(owner_root)
-        if other is not None and other.get("id") == owner_id:
-            if same_id and os.path.samefile(os.path.join(owner_root, STORE_FILE),
-                                            os.path.join(root, STORE_FILE)):
-                return  # this store, through another path
-            what = "a copy of that store" if same_id else "another store"
-            raise ConfigError(
-                f"tier {tier.number} directory {tier.path} belongs to the store at "
-                f"{owner_root} (see {marker}); the store at {root} is {what} and would "
-                f"write over its segments. Open the store at {owner_root}; a copy needs "
-                f"a copy of this directory of its own, recorded with `pafka relocate {root} "
-                f"{tier.number} DIR`")
-        if not same_id and _holds_data(tier.path):
-            raise ConfigError(
-                f"tier {tier.number} directory {tier.path} holds segments of the store that "
-                f"was at {owner_root} (see {marker}), which is gone from there. If that store "
-                "was moved, open it where it is now; if it was deleted, empty the directory")
-        log.info("tier %d directory %s: claimed for the store at %s (was %s)", tier.number,
-                 tier.path, root, owner_root)
-        write_atomic(marker, mine)
-        return
-    raise ConfigError(f"tier {tier.number} directory {tier.path}: {marker} keeps changing; "
-                      "is another store being created with the same tier directory?")
-
-
-def _owner_store(root: str) -> dict[str, Any] | None:
-    """The saved configuration of the store at ``root``; None if there is none (readable)."""
-    try:
-        return read_saved(root)
-    except (OSError, ConfigError):
-        return None
-
-
-def _portable(root: str, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` as written to ``_store.json``: tier paths inside the root made relative."""
-    return {**body,
-            "config": {k: _portable_path(root, k, _jsonable(v))
-                       for k, v in body["config"].items()},
-            "layout": {**body["layout"],
-                       "tier.paths": [_portable_path(root, "storage.tiers.1.paths", p)
-                                      for p in body["layout"]["tier.paths"]]}}
+        outside = not inside(real_root, os.path.realpath(spec.path))
+        if os.path.isdir(spec.path):
+            if not outside or store_id is None or \
+                    os.path.lexists(os.path.join(spec.path, TIER_OWNER)):
+                continue
+            what = (f"has no {TIER_OWNER}: it is not the directory the tier was made in (an "
+                    "unmounted mount point, or a directory made anew)")
+        else:
+            what = "is missing"
+        lost = (f"create the directory with an empty {TIER_OWNER} file in it" if outside else
+                "create the empty directory")
+        raise ConfigError(
+            f"tier {spec.number} directory {spec.path} of the store at {root} {what}. If the "
+            f"tier moved, record where with `pafka relocate {root} {spec.number} DIR`; if its "
+            f"data is lost (e.g. a RAM tier after a reboot), {lost} to open the store without "
+            "it (reads of its segments then fail as data loss)")
 
 
 def _save(root: str, config: StoreConfig, layout: dict[str, Any], store_id: str) -> bool:
     """Write ``_store.json`` exclusively; False if another process saved one first."""
-    body = _portable(root, {"format": _FORMAT, "id": store_id, "config": config.explicit(),
+    body = portable(root, {"format": FORMAT, "id": store_id, "config": config.explicit(),
                             "layout": layout})
     path = os.path.join(root, STORE_FILE)
     tmp = write_temp(root, json.dumps(body, indent=1).encode())
