@@ -386,18 +386,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3"
                         " (not tier sizes or paths: see pafka resize and pafka relocate)")
     m.set_defaults(func=cmd_migrate)
-    r = command("resize", "change a tier's capacity (a PMEM tier's pool follows) and save it "
-                          "for every process")
-    r.add_argument("root")
-    r.add_argument("tier", type=int, help="tier number, 1 = fastest")
-    r.add_argument("size", help="bytes, or with a suffix k, m, g, t (KiB, MiB, GiB, TiB)")
-    r.set_defaults(func=cmd_resize)
-    o = command("relocate", "point a tier at the directory (or URL) it was moved or copied "
-                            "to, once that holds all the tier's segments")
-    o.add_argument("root")
-    o.add_argument("tier", type=int, help="tier number, 1 = fastest")
-    o.add_argument("path", help="the tier's new directory, or fsspec URL for a REMOTE tier")
-    o.set_defaults(func=cmd_relocate)
+    for name, func, help, arg, arg_help in [
+            ("resize", cmd_resize, "change a tier's capacity (a PMEM tier's pool follows) and "
+             "save it for every process", "size",
+             "bytes, or with a suffix k, m, g, t (KiB, MiB, GiB, TiB)"),
+            ("relocate", cmd_relocate, "point a tier at the directory (or URL) it was moved or "
+             "copied to, once that holds all the tier's segments", "path",
+             "the tier's new directory, or fsspec URL for a REMOTE tier")]:
+        r = command(name, help)
+        r.add_argument("root")
+        r.add_argument("tier", type=int, help="tier number, 1 = fastest")
+        r.add_argument(arg, help=arg_help)
+        r.set_defaults(func=func)
     c = command("describe", "partitions, offsets, segments and groups of a topic")
     c.add_argument("root")
     c.add_argument("topic")

@@ -193,12 +193,21 @@ def _fill_many(root, config=None, start=0, n=3000):
         return len([x for x in t.segments() if x.tier == 1])
 
 
+def _pmem_store(tmp_path, shm_dir, copy_root=False):
+    """A store at tmp_path/a whose pmem tier 1 lies outside it, at shm_dir/a, filled with
+    3,000 records over several segments; with ``copy_root``, its root copied to tmp_path/b."""
+    a_tier = Path(shm_dir, "a")
+    segments = _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    if copy_root:
+        shutil.copytree(tmp_path / "a", tmp_path / "b")
+    return a_tier, segments
+
+
 def test_a_copy_with_copies_of_its_outside_tiers_is_relocated_and_independent(tmp_path,
                                                                              shm_dir):
-    a_tier, b_tier = Path(shm_dir, "a"), Path(shm_dir, "b")
-    segments = _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    a_tier, segments = _pmem_store(tmp_path, shm_dir, copy_root=True)
+    b_tier = Path(shm_dir, "b")
     assert segments >= 2
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.copytree(a_tier, b_tier)
     with pytest.raises(ConfigError, match=f"pafka relocate {tmp_path / 'b'} 1 DIR"):
         Store.open(tmp_path / "b")
@@ -243,9 +252,7 @@ def test_a_moved_tier_directory_is_relocated_and_can_come_into_the_root(tmp_path
 
 
 def test_a_relocation_that_would_lose_data_changes_nothing(tmp_path, shm_dir):
-    a_tier = Path(shm_dir, "a")
-    _fill_many(tmp_path / "a", _pmem_at(a_tier))
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    a_tier, _ = _pmem_store(tmp_path, shm_dir, copy_root=True)
     store_file = (tmp_path / "b" / "_store.json").read_bytes()
 
     def refused(tier, path, match):
@@ -302,9 +309,7 @@ def test_a_remote_tier_is_relocated_to_a_copy_of_its_bucket(tmp_path):
 
 
 def test_relocation_refuses_places_that_overlap_a_store(tmp_path, shm_dir, monkeypatch):
-    a_tier = Path(shm_dir, "a")
-    _fill_many(tmp_path / "a", _pmem_at(a_tier))
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    a_tier, _ = _pmem_store(tmp_path, shm_dir, copy_root=True)
     shutil.copytree(a_tier, Path(shm_dir, "b"))
     store_file = (tmp_path / "b" / "_store.json").read_bytes()
 
@@ -337,9 +342,7 @@ def test_relocation_refuses_places_that_overlap_a_store(tmp_path, shm_dir, monke
 def test_relocation_checks_each_segment_s_header_and_last_chunk(tmp_path, shm_dir):
     # A pmem segment is a pool file of full size whatever it holds, so its length says
     # nothing about a copy taken too early: its header and last chunk do.
-    a_tier = Path(shm_dir, "a")
-    _fill_many(tmp_path / "a", _pmem_at(a_tier))
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    a_tier, _ = _pmem_store(tmp_path, shm_dir, copy_root=True)
     with Store.open(tmp_path / "a") as a:
         segs = sorted((x for x in a.topic("t").state().segments.values()
                        if x.tier == 1 and x.partition == 0), key=lambda x: x.seq)
@@ -381,8 +384,7 @@ def test_a_commit_while_relocating_refuses_it(tmp_path):
 
 
 def test_an_open_after_a_tier_moved_names_relocate_and_makes_nothing(tmp_path, shm_dir):
-    a_tier = Path(shm_dir, "a")
-    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    a_tier, _ = _pmem_store(tmp_path, shm_dir)
     os.rename(a_tier, Path(shm_dir, "b"))
     # It used to make the directory again and append there, splitting the tier in two.
     with pytest.raises(ConfigError, match=f"tier 1 directory {a_tier} of the store at "
@@ -425,8 +427,7 @@ def test_tiers_that_overlap_are_refused_when_a_store_is_created(tmp_path):
 
 def test_a_tier_directory_the_store_was_not_made_with_is_refused(tmp_path, shm_dir):
     # An unmounted mount point is an empty directory: appending there would split the tier.
-    a_tier = Path(shm_dir, "a")
-    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    a_tier, _ = _pmem_store(tmp_path, shm_dir)
     os.rename(a_tier, Path(shm_dir, "mounted"))
     a_tier.mkdir()
     with pytest.raises(ConfigError, match=f"tier 1 directory {a_tier} .* has no _pafka_store: "
@@ -449,8 +450,7 @@ def _as_old_release(root, tier):
 
 def test_a_store_of_an_older_release_gets_an_id_and_is_never_taken_for_another(tmp_path,
                                                                              shm_dir):
-    a_tier = Path(shm_dir, "a")
-    _fill_many(tmp_path / "a", _pmem_at(a_tier))
+    a_tier, _ = _pmem_store(tmp_path, shm_dir)
     _as_old_release(tmp_path / "a", a_tier)
     with Store.open(tmp_path / "a") as s:
         assert s.id is not None and read_all(s.topic("t"), 0) == list(range(3000))
