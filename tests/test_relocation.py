@@ -123,7 +123,7 @@ def test_two_stores_given_one_tier_directory_are_refused(tmp_path, shm_dir):
     # segments (it may have been moved, not deleted), so it is refused until emptied.
     shutil.rmtree(tmp_path / "a")
     with pytest.raises(ConfigError, match="holds segments of the store that was at .* "
-                                          "empty the directory"):
+                                          "move the directory aside"):
         Store.open(tmp_path / "a", conf)
     for name in os.listdir(shm_dir):
         if name not in ("_pool", "_pafka_store"):
@@ -490,3 +490,68 @@ def test_processes_creating_one_store_at_once_agree(tmp_path, shm_dir):
         outs = [p.communicate(timeout=60) for p in procs]
         assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
         assert len({o[0].strip() for o in outs}) == 1
+
+
+def test_a_store_s_own_claim_is_kept_when_the_host_is_renamed(tmp_path, shm_dir):
+    # Containers get a new host name each: a claim is this store's by its root and id.
+    a_tier, _ = _pmem_store(tmp_path, shm_dir)
+    marker = a_tier / "_pafka_store"
+    owner = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**owner, "host": "old-name"}))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from tier_store import Store
+        print(Store.open({str(tmp_path / 'a')!r}).topic("t").latest_offsets())
+    """)], capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PAFKA_HOST_ID="pod-2"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(marker.read_text())["host"] == "pod-2"
+
+
+def test_an_old_release_store_whose_tier_is_missing_is_refused_not_made_again(tmp_path,
+                                                                             shm_dir):
+    a_tier, _ = _pmem_store(tmp_path, shm_dir)
+    _as_old_release(tmp_path / "a", a_tier)
+    os.rename(a_tier, Path(shm_dir, "elsewhere"))
+    with pytest.raises(ConfigError, match="is missing"):
+        Store.open(tmp_path / "a")
+    assert not a_tier.exists()
+    assert "id" not in json.loads((tmp_path / "a" / "_store.json").read_text())
+
+
+def test_claims_above_a_tier_block_only_while_their_store_exists(tmp_path, shm_dir):
+    # A store made later with a tier holding an older store's tier must not lock it out.
+    _fill(tmp_path / "c", _pmem_at(Path(shm_dir, "x", "c-tier")))
+    _fill(tmp_path / "d", _pmem_at(Path(shm_dir, "x")))
+    with Store.open(tmp_path / "c") as c:
+        assert read_all(c.topic("t"), 0) == list(range(10))
+    # A stale claim above (its store is gone) blocks no new store.
+    Path(shm_dir, "y").mkdir()
+    Path(shm_dir, "y", "_pafka_store").write_text(
+        json.dumps({"store": "gone", "root": str(tmp_path / "gone"), "host": socket.gethostname()}))
+    _fill(tmp_path / "e", _pmem_at(Path(shm_dir, "y", "e-tier")))
+    # A claim above whose store exists does.
+    with pytest.raises(ConfigError, match=f"lies in the tier directory {shm_dir}/x "):
+        Store.open(tmp_path / "f", _pmem_at(Path(shm_dir, "x", "f-tier")))
+
+
+def test_a_claim_whose_store_cannot_be_read_is_not_taken_over(tmp_path, shm_dir):
+    a_tier = Path(shm_dir, "a")
+    with Store.open(tmp_path / "a", _pmem_at(a_tier)):
+        pass  # a tier with no segments: an owner taken for gone would lose it silently
+    claim = (a_tier / "_pafka_store").read_bytes()
+    (tmp_path / "a" / "_store.json").write_text("{damaged")
+    with pytest.raises(ConfigError, match=f"cannot tell whether the store at {tmp_path / 'a'} "
+                                          "still exists"):
+        Store.open(tmp_path / "z", _pmem_at(a_tier))
+    assert (a_tier / "_pafka_store").read_bytes() == claim
+
+
+def test_a_missing_tier_directory_in_the_root_with_no_segments_is_made(tmp_path):
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "NVME,HDD"}
+    _fill(tmp_path / "s", conf)  # every segment on tier 1
+    os.rmdir(tmp_path / "s" / "tier-2")
+    with Store.open(tmp_path / "s") as s:
+        assert read_all(s.topic("t"), 0) == list(range(10))
+    assert (tmp_path / "s" / "tier-2").is_dir()
+    shutil.rmtree(tmp_path / "s" / "tier-1")
+    with pytest.raises(ConfigError, match="tier-1 of the store at .* is missing"):
+        Store.open(tmp_path / "s")

@@ -25,7 +25,6 @@ from .layout import (
     TIER_OWNER,
     TMP_PREFIX,
     fsync_dir,
-    makedirs_durable,
     write_atomic,
     write_temp,
 )
@@ -145,14 +144,20 @@ def claim_of(number: int, path: str) -> Claim:
 
 
 def owner_store(root: str) -> dict[str, Any] | None:
-    """The saved configuration of the store at ``root``; None if there is none (readable)."""
+    """The saved configuration of the store at ``root``; None if there is no store there.
+    A store that is there but cannot be read is :class:`ConfigError`: it is not gone."""
     try:
         return read_saved(root)
-    except (OSError, ConfigError):
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except (OSError, ConfigError) as e:
+        raise ConfigError(f"cannot tell whether the store at {root} still exists: {e}") \
+            from None
 
 
-HOST = socket.gethostname()
+# Names the host in claims. Only consulted when a claim's root cannot be seen from here: a
+# store's root seen from another host (a shared filesystem) is checked there, not by name.
+HOST = os.environ.get("PAFKA_HOST_ID") or socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -191,12 +196,18 @@ def read_owner(claim: Claim) -> Owner | None:
         raise ValueError(str(e)) from None
 
 
-def same_store(owner: Owner, root: str, store_id: str | None) -> bool:
-    """Whether ``owner`` is the store at ``root``: named so, or its root is this store's
-    through another path (a symlink). Stores without ids never match by id."""
-    if not owner.here():
+def same_store(owner: Owner, root: str, store_id: str | None, creating: bool = False
+               ) -> bool:
+    """Whether ``owner`` is the store at ``root``: its root is this store's (by name, or the
+    same ``_store.json`` through another path) and its id this store's. A claim without an id
+    (an older release) is this store's by its root alone, on this host, unless the store is
+    being created: a new store made where a moved one was must not take its tiers."""
+    if owner.id is None:
+        if creating or not owner.here():
+            return False
+    elif owner.id != store_id:
         return False
-    if owner.root == root and owner.id == store_id:
+    if owner.root == root:
         return True
     try:
         return os.path.samefile(os.path.join(owner.root, STORE_FILE),
@@ -205,12 +216,33 @@ def same_store(owner: Owner, root: str, store_id: str | None) -> bool:
         return False
 
 
+def _owner_is_gone(claim: Claim, owner: Owner, root: str, number: int) -> bool:
+    """Whether the store a claim names is gone: False if it exists (the caller refuses);
+    :class:`ConfigError` if that cannot be told from here."""
+    try:
+        other = owner_store(owner.root)
+    except ConfigError as e:
+        raise ConfigError(f"{claim.where} is claimed (see {claim.marker}), and {e}; fix or "
+                          "move that store first") from None
+    if other is not None and other.get("id") == owner.id:
+        return False
+    if owner.here():
+        return True  # no store there, or another one made there since
+    # Claimed on another host: that root here, if any, is another machine's directory.
+    raise ConfigError(
+        f"{claim.where} belongs to {owner.text()} (see {claim.marker}), which cannot be "
+        f"checked from host {HOST}. If it is the store at {root}, moved here, or that store is "
+        f"gone, take the tier with {_relocate_hint(root, number, claim)} naming it; otherwise "
+        f"give the store at {root} a tier of its own the same way")
+
+
 def _relocate_hint(root: str, number: int, claim: Claim) -> str:
     place = "URL" if "://" in claim.where else "DIR"
     return f"`pafka relocate {root} {number} {place}`"
 
 
-def claim_tier(root: str, store_id: str | None, number: int, claim: Claim) -> None:
+def claim_tier(root: str, store_id: str | None, number: int, claim: Claim,
+               creating: bool = False) -> None:
     """Make sure no other store writes into the tier of ``claim``.
 
     The tier is refused when its claim names a store that still exists and is not this one:
@@ -234,21 +266,13 @@ def claim_tier(root: str, store_id: str | None, number: int, claim: Claim) -> No
             if claim.create(mine):
                 return
             continue  # claimed by another process meanwhile: read theirs
-        if same_store(owner, root, store_id):
-            if store_id is not None and (owner.id != store_id or owner.host is None):
-                claim.replace(mine)  # a claim by a release without ids or hosts
+        if same_store(owner, root, store_id, creating):
+            if (owner.id, owner.host) != (store_id, HOST):
+                claim.replace(mine)  # by a release without ids or hosts, or a renamed host
             return
         hint = _relocate_hint(root, number, claim)
-        if not owner.here():
-            # Whether that store still exists cannot be seen from here: never assume not.
-            raise ConfigError(
-                f"{claim.where} belongs to {owner.text()} (see {claim.marker}), which cannot "
-                f"be checked from host {HOST}. If it is this store, moved here, or that store "
-                f"is gone, take the tier with {hint} naming it; otherwise give the store at "
-                f"{root} a tier of its own the same way")
         same_id = store_id is not None and owner.id == store_id
-        other = owner_store(owner.root)
-        if other is not None and other.get("id") == owner.id:
+        if not _owner_is_gone(claim, owner, root, number):
             what = "a copy of that store" if same_id else "another store"
             raise ConfigError(
                 f"{claim.where} belongs to the store at {owner.root} (see {claim.marker}); "
@@ -260,7 +284,7 @@ def claim_tier(root: str, store_id: str | None, number: int, claim: Claim) -> No
                 f"{claim.where} holds segments of the store that was at {owner.root} (see "
                 f"{claim.marker}), which is gone from there. If that store was moved, open "
                 f"it where it is now (if it is the store at {root}, take the tier with {hint} "
-                "naming it); if it was deleted, empty the directory")
+                "naming it); if it is no more, move the directory aside")
         log.info("%s: claimed for the store at %s (was %s)", claim.where, root, owner.root)
         claim.replace(mine)
         return
@@ -271,35 +295,53 @@ def claim_tier(root: str, store_id: str | None, number: int, claim: Claim) -> No
 def enclosing_owner(path: str, root: str, store_id: str | None) -> str | None:
     """What ``path`` (a real path) lies in that is not the store at ``root`` (a real path):
     another store's root, which holds ``_store.json`` and keeps its default tiers without
-    claims, or a tier directory above it claimed by another store. None if nothing."""
+    claims, or a tier directory above it claimed by another store that still exists (or
+    cannot be checked from here). None if nothing."""
     d = path
     while True:
         if d != root and os.path.exists(os.path.join(d, STORE_FILE)):
             return f"the store at {d}"
         if d != path and os.path.exists(os.path.join(d, TIER_OWNER)):
+            claim = LocalClaim(0, d)
             try:
-                owner = read_owner(LocalClaim(0, d))
+                owner = read_owner(claim)
             except (OSError, ValueError):
-                owner = None
-            if owner is None or not same_store(owner, root, store_id):
-                return f"the tier directory {d} (see {os.path.join(d, TIER_OWNER)})"
+                owner = None  # an unreadable claim blocks no one
+            if owner is not None and not same_store(owner, root, store_id, creating=True):
+                try:
+                    blocks = not _owner_is_gone(claim, owner, root, 0)
+                except ConfigError:
+                    blocks = True
+                if blocks:
+                    return f"the tier directory {d} (see {claim.marker})"
         parent = os.path.dirname(d)
         if parent == d:
             return None
         d = parent
 
 
-def claim_local_tiers(root: str, store_id: str | None, specs: list[TierSpec]) -> None:
-    """Claim each local tier whose directory lies outside ``root`` (symlinks resolved: a
-    symlink in the root to a PMem mount is copied by ``cp -r`` as a symlink)."""
+def outside_root(root: str, specs: list[TierSpec]) -> list[TierSpec]:
+    """The local tiers whose directories lie outside ``root`` (symlinks resolved: a symlink
+    in the root to a PMem mount is copied by ``cp -r`` as a symlink)."""
     real_root = os.path.realpath(root)
-    for spec in specs:
-        real = os.path.realpath(spec.path)
-        if "://" in spec.path or inside(real_root, real):
-            continue
-        owner = enclosing_owner(real, real_root, store_id)
+    return [s for s in specs
+            if "://" not in s.path and not inside(real_root, os.path.realpath(s.path))]
+
+
+def check_apart(root: str, store_id: str | None, specs: list[TierSpec]) -> None:
+    """Refuse tiers outside ``root`` that lie in another store (its root or a tier of it).
+    Checked where a tier is chosen (a new store, a relocation), not on every open: a store
+    made later around an older one's tier must not lock the older one out."""
+    real_root = os.path.realpath(root)
+    for spec in outside_root(root, specs):
+        owner = enclosing_owner(os.path.realpath(spec.path), real_root, store_id)
         if owner is not None:
             raise ConfigError(f"tier {spec.number} directory {spec.path} lies in {owner}; a "
                               "store's tiers need directories of their own")
-        makedirs_durable(spec.path)
-        claim_tier(root, store_id, spec.number, LocalClaim(spec.number, spec.path))
+
+
+def claim_local_tiers(root: str, store_id: str | None, specs: list[TierSpec],
+                      creating: bool = False) -> None:
+    """Claim each local tier whose directory lies outside ``root``; the directories exist."""
+    for spec in outside_root(root, specs):
+        claim_tier(root, store_id, spec.number, LocalClaim(spec.number, spec.path), creating)

@@ -110,6 +110,18 @@ def log_dir(root: str, topic: str) -> str:
     return os.path.join(root, topic, LOG_DIR)
 
 
+def is_topic(root: str, name: str) -> bool:
+    """Whether ``root/name`` is a topic: its commit log has entry 0 or a checkpoint."""
+    d = log_dir(root, name)
+    return os.path.exists(os.path.join(d, entry_name(0))) or \
+        os.path.exists(os.path.join(d, LAST_CHECKPOINT))
+
+
+def topic_names(root: str) -> list[str]:
+    """The topics of the store at ``root``, sorted."""
+    return [n for n in sorted(os.listdir(root)) if is_topic(root, n)]
+
+
 def partitions_dir(root: str, topic: str) -> str:
     return os.path.join(root, topic, PARTITIONS_DIR)
 

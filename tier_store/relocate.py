@@ -35,9 +35,10 @@ from .errors import ConfigError, CorruptSegment
 from .layout import (
     STORE_FILE,
     STORE_LOCK,
-    entry_name,
     file_lock,
+    is_topic,
     log_dir,
+    topic_names,
     write_atomic,
 )
 from .reading import read_range
@@ -163,8 +164,7 @@ def _check_new_dir(root: str, store_id: str | None, number: int, new: str, old: 
                               "directory of its own")
     if inside(real_root, real):
         top = os.path.relpath(real, real_root).split(os.sep)[0]
-        if os.path.exists(os.path.join(log_dir(real_root, top), entry_name(0))) or \
-                os.path.exists(os.path.join(log_dir(real_root, top), "_last_checkpoint")):
+        if is_topic(real_root, top):
             raise ConfigError(f"{new} lies in the directory of topic {top!r}; a tier needs a "
                               "directory of its own")
     owner = enclosing_owner(real, real_root, store_id)
@@ -174,13 +174,7 @@ def _check_new_dir(root: str, store_id: str | None, number: int, new: str, old: 
 
 
 def _states(root: str) -> dict[str, TopicState]:
-    out = {}
-    for name in sorted(os.listdir(root)):
-        d = log_dir(root, name)
-        if os.path.exists(os.path.join(d, entry_name(0))) or \
-                os.path.exists(os.path.join(d, "_last_checkpoint")):
-            out[name] = CommitLog(d, name).load()
-    return out
+    return {name: CommitLog(log_dir(root, name), name).load() for name in topic_names(root)}
 
 
 def _last_chunks(rows: np.ndarray) -> dict[int, np.void]:
@@ -287,7 +281,7 @@ def _release(root: str, store_id: str | None, number: int, old: str) -> None:
     try:
         claim = claim_of(number, old)
         owner = read_owner(claim)
-        if owner is not None and owner.here() and (owner.root, owner.id) == (root, store_id):
+        if owner is not None and same_store(owner, root, store_id):
             claim.remove()
     except (OSError, ValueError, ConfigError) as e:  # the old place may be gone
         log.info("tier %d: old place %s not released: %s", number, old, e)

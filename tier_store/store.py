@@ -28,7 +28,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from .claims import claim_local_tiers, claim_of, claim_tier
+from .claims import (
+    LocalClaim,
+    check_apart,
+    claim_data,
+    claim_local_tiers,
+    claim_of,
+    claim_tier,
+    outside_root,
+)
 from .commit_log import CommitLog
 from .config import (
     LAYOUT_KEYS,
@@ -48,12 +56,13 @@ from .layout import (
     STORE_LOCK,
     TIER_OWNER,
     check_topic_name,
-    entry_name,
     file_lock,
     fsync_dir,
+    is_topic,
     log_dir,
     makedirs_durable,
     partitions_dir,
+    topic_names,
     write_atomic,
     write_temp,
 )
@@ -190,8 +199,7 @@ class Store:
             t = self._topics.get(name)
             if t is not None:
                 return t.refresh()
-            if not os.path.exists(os.path.join(log_dir(self.root, name), entry_name(0))) and \
-                    not os.path.exists(os.path.join(log_dir(self.root, name), "_last_checkpoint")):
+            if not is_topic(self.root, name):
                 known = self.topics()
                 raise TopicNotFound(f"topic {name!r} does not exist in {self.root}; topics: "
                                     f"{', '.join(known) if known else '(none)'}")
@@ -202,13 +210,7 @@ class Store:
 
     def topics(self) -> list[str]:
         """Names of the topics in the store, sorted."""
-        out = []
-        for name in sorted(os.listdir(self.root)):
-            d = log_dir(self.root, name)
-            if os.path.exists(os.path.join(d, entry_name(0))) or \
-                    os.path.exists(os.path.join(d, "_last_checkpoint")):
-                out.append(name)
-        return out
+        return topic_names(self.root)
 
     def has_topic(self, name: str) -> bool:
         return name in self.topics()
@@ -375,27 +377,34 @@ class Store:
 
 
 def _create(root: str, config: StoreConfig) -> None:
-    """Create the store at ``root``: claim and make its tiers, then save ``_store.json``."""
+    """Create the store at ``root``: make and claim its tiers, then save ``_store.json``."""
     specs = config.tiers(root)
     _check_distinct_tiers(root, specs)
     store_id = uuid.uuid4().hex
-    # Claimed before _store.json exists: a store refused a tier is not left behind.
-    claim_local_tiers(root, store_id, specs)
-    # Made before it exists too: from then on, a missing one has moved or is lost.
+    check_apart(root, store_id, specs)
+    # Made and claimed before _store.json exists: from then on, a missing or unclaimed one
+    # has moved or is lost, and a store refused a tier is not left behind.
     for spec in specs:
         if "://" not in spec.path:
             makedirs_durable(spec.path)
+    claim_local_tiers(root, store_id, specs, creating=True)
     if not _save(root, config, config.layout(root), store_id):
         raise ConfigError(f"{root}/{STORE_FILE} appeared while the store was being created "
                           "under its lock: was it written by hand?")
 
 
 def _give_id(root: str, saved: dict[str, Any]) -> None:
-    """Give a store made by a release without ids one, and claim its tiers outside the root
-    with it; saved portable (tier paths in the root relative), so it can move from now on."""
+    """Give a store made by a release without ids one; saved portable (tier paths in the
+    root relative), so it can move from now on. Its claims follow on this open (a claim
+    without an id is this store's by its root); a tier outside the root that a release
+    without claims left unclaimed is claimed now, if it is there."""
+    specs = StoreConfig(parse_config(saved["config"])).tiers(root)
+    _check_tier_dirs(root, None, specs)
+    for spec in outside_root(root, specs):
+        claim = LocalClaim(spec.number, spec.path)
+        if claim.read() is None:
+            claim.create(claim_data(root, None))
     saved["id"] = uuid.uuid4().hex
-    config = StoreConfig(parse_config(saved["config"]))
-    claim_local_tiers(root, saved["id"], config.tiers(root))
     write_atomic(os.path.join(root, STORE_FILE),
                  json.dumps(portable(root, saved), indent=1).encode())
     log.info("store %s: given the id %s", root, saved["id"])
@@ -426,27 +435,39 @@ def _check_tier_dirs(root: str, store_id: str | None, specs: list[TierSpec]) -> 
     """An existing store's local tier directories are the ones it was made with: made (and
     claimed, outside the root) before its _store.json was saved, a missing or unclaimed
     one was moved, lost or is an unmounted mount point. Writing there would put new
-    segments where none of the old ones are, and split the tier."""
+    segments where none of the old ones are, and split the tier. A missing one in the root
+    that no segment is on (a release that saved _store.json first) is made."""
     real_root = os.path.realpath(root)
     for spec in specs:
         if "://" in spec.path:
             continue
         outside = not inside(real_root, os.path.realpath(spec.path))
+        hint = f"`pafka relocate {root} {spec.number} DIR`"
         if os.path.isdir(spec.path):
             if not outside or store_id is None or \
                     os.path.lexists(os.path.join(spec.path, TIER_OWNER)):
                 continue
             what = (f"has no {TIER_OWNER}: it is not the directory the tier was made in (an "
-                    "unmounted mount point, or a directory made anew)")
+                    "unmounted mount point, or a directory made anew). If it is, record it "
+                    f"with {hint} naming it")
+        elif not outside and not _has_segments(root, spec.number):
+            makedirs_durable(spec.path)
+            continue
         else:
             what = "is missing"
         lost = (f"create the directory with an empty {TIER_OWNER} file in it" if outside else
                 "create the empty directory")
         raise ConfigError(
             f"tier {spec.number} directory {spec.path} of the store at {root} {what}. If the "
-            f"tier moved, record where with `pafka relocate {root} {spec.number} DIR`; if its "
-            f"data is lost (e.g. a RAM tier after a reboot), {lost} to open the store without "
-            "it (reads of its segments then fail as data loss)")
+            f"tier moved, record where with {hint}; if its data is lost (e.g. a RAM tier "
+            f"after a reboot), {lost} to open the store without it (reads of its segments "
+            "then fail as data loss)")
+
+
+def _has_segments(root: str, number: int) -> bool:
+    """Whether a committed segment of any topic is on tier ``number``."""
+    return any(s.tier == number for name in topic_names(root)
+               for s in CommitLog(log_dir(root, name), name).load().segments.values())
 
 
 def _save(root: str, config: StoreConfig, layout: dict[str, Any], store_id: str) -> bool:
