@@ -117,38 +117,25 @@ class Store:
         given = {k: resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
         makedirs_durable(root)
         lock = os.path.join(root, STORE_LOCK)
-        with file_lock(lock, shared=True):
-            saved = read_saved(root)
-        if saved is None or saved.get("id") is None:
-            # Made (or, made by a release without ids, given one) under the exclusive lock:
-            # two processes creating one store must not claim its tiers against each other.
-            with file_lock(lock):
-                saved = read_saved(root)
-                if saved is None:
-                    _create(root, StoreConfig(given))
-                elif saved.get("id") is None:
-                    _give_id(root, saved)
         # Shared against a resize, which saves a new size and changes the pool under the
         # exclusive lock: an open never completes a pool to a size read before that.
         with file_lock(lock, shared=True):
             saved = read_saved(root)
+            if saved is not None and saved.get("id") is not None:
+                return cls(root, *_open_saved(root, saved, given))
+        # Made (or, made by a release without ids, given one) under the exclusive lock: two
+        # processes creating one store must not claim its tiers against each other.
+        with file_lock(lock):
+            saved = read_saved(root)
+            if saved is None:
+                _create(root, StoreConfig(given))
+            elif saved.get("id") is None:
+                _give_id(root, saved)
+        with file_lock(lock, shared=True):
+            saved = read_saved(root)
             if saved is None:
                 raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
-            store_id = saved.get("id")
-            base = StoreConfig(parse_config(saved["config"]))
-            _check_layout(root, base, given, saved["layout"])
-            effective = base.with_overrides(given)
-            _check_tier_dirs(root, store_id, effective.tiers(root))
-            claim_local_tiers(root, store_id, effective.tiers(root))
-            tiers = [make_tier(spec, effective) for spec in effective.tiers(root)]
-            for t in tiers:
-                t.prepare()
-                if isinstance(t, PmemTier):
-                    # On every open, not only the first: a crash while pre-allocating (or a
-                    # tier on RAM that lost its files) must not leave the pool short for good.
-                    # Cheap once the pool is marked complete.
-                    t.ensure_pool()
-        return cls(root, effective, tiers, store_id)
+            return cls(root, *_open_saved(root, saved, given))
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, tiers={self.tiers})"
@@ -374,6 +361,28 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]
+                ) -> tuple[StoreConfig, list[Tier], str | None]:
+    """Check ``given`` against the store's saved configuration and its tiers, claim and
+    prepare them: (configuration in effect, tiers, store id). Under the shared lock."""
+    store_id = saved.get("id")
+    base = StoreConfig(parse_config(saved["config"]))
+    _check_layout(root, base, given, saved["layout"])
+    effective = base.with_overrides(given)
+    specs = effective.tiers(root)
+    _check_tier_dirs(root, store_id, specs)
+    claim_local_tiers(root, store_id, specs)
+    tiers = [make_tier(spec, effective) for spec in specs]
+    for t in tiers:
+        t.prepare()
+        if isinstance(t, PmemTier):
+            # On every open, not only the first: a crash while pre-allocating (or a tier on
+            # RAM that lost its files) must not leave the pool short for good. Cheap once
+            # the pool is marked complete.
+            t.ensure_pool()
+    return effective, tiers, store_id
 
 
 def _create(root: str, config: StoreConfig) -> None:
