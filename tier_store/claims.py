@@ -1,10 +1,11 @@
 """Tier claims: which store a tier directory (or remote tier URL) belongs to.
 
-A tier outside its store's root carries a ``_pafka_store`` file naming the owning store (id
-and root). Two stores must never share a tier: each would take the other's segments for
+A tier outside its store's root carries a ``_pafka_store`` file naming the owning store (id,
+root and host). Two stores must never share a tier: each would take the other's segments for
 garbage and delete them, and their new segments would take the same names. A local tier is
-claimed when the store opens; a remote one before the store first writes or reclaims files
-there (reading it costs a request, so opens do not).
+claimed when the store opens; a remote one is checked before each move or garbage collection
+there (reading it costs a request, so opens do not). A store's own claim is known by its root
+and id on any host; the host decides only when the claiming store cannot be checked from here.
 """
 
 from __future__ import annotations
