@@ -380,6 +380,18 @@ def test_a_commit_while_relocating_refuses_it(tmp_path):
     with pytest.raises(ConfigError, match="topic 't' committed while tier 1 was being checked"):
         relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=progress)
     assert (tmp_path / "s" / "_store.json").read_bytes() == store_file
+    calls.clear()
+    shutil.rmtree(tmp_path / "disk2")
+    shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")  # with the commit above
+
+    def create(n):
+        if not calls:
+            writer.store.create_topic("new", SCHEMA)
+        calls.append(n)
+
+    with pytest.raises(ConfigError, match="topic 'new' was created while tier 1 was being"):
+        relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=create)
+    assert (tmp_path / "s" / "_store.json").read_bytes() == store_file
     writer.store.close()
 
 

@@ -116,6 +116,11 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
                     f"topic {name!r} committed while tier {number} was being checked "
                     f"(version {versions[name]} -> {now}): stop the store's writers and "
                     "migration service, then relocate; nothing changed")
+        created = sorted(set(topic_names(root)) - set(states))
+        if created:
+            raise ConfigError(
+                f"topic {created[0]!r} was created while tier {number} was being checked: stop "
+                "the store's writers and migration service, then relocate; nothing changed")
         _take(root, saved.get("id"), number, new)
         # Every spelling of the key goes: the canonical one is what is saved from now on.
         saved["config"] = {k: v for k, v in saved["config"].items()
