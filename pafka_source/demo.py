@@ -21,7 +21,7 @@ from typing import Any
 from tier_store import PafkaError
 from tier_store.config import parse_config
 from tier_store.layout import STORE_FILE, STORE_LOCK
-from tier_store.store import read_saved
+from tier_store.saved import read_saved
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from .layout import (
     write_atomic,
 )
 from .reading import read_range
-from .saved import inside, portable, read_saved, resolve_path
+from .saved import inside, portable, read_saved, resolve_path, tier_overlap
 from .state import TopicState
 from .tiers import make_tier
 from .tiers.base import Tier
@@ -101,10 +101,17 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
                               f"{'an fsspec URL' if remote else 'a local directory'}")
         if remote:
             new = new.rstrip("/")
-            _check_new_url(number, new, [s.path for s in specs])
         else:
             new = resolve_path(os.getcwd(), key, new)
-            _check_new_dir(root, saved.get("id"), number, new, old, [s.path for s in specs])
+            _check_new_dir(root, saved.get("id"), number, new, old)
+        for n, p in enumerate(s.path for s in specs):
+            overlap = tier_overlap(new, p) if n + 1 != number else None
+            if overlap == "same":
+                raise ConfigError(f"{new} is the store's tier {n + 1}; a tier needs a place "
+                                  "of its own")
+            if overlap:
+                raise ConfigError(f"{new} overlaps the store's tier {n + 1} ({p}); a tier "
+                                  "needs a place of its own")
         tier = make_tier(replace(spec, path=new), config)
         states = _states(root)
         versions = {name: st.version for name, st in states.items()}
@@ -136,16 +143,10 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
     return Relocation(number, old, new, segments, total)
 
 
-def _check_new_url(number: int, new: str, paths: list[str]) -> None:
-    for n, p in enumerate(paths, 1):
-        if n != number and "://" in p and p.rstrip("/") == new:
-            raise ConfigError(f"{new} is the store's tier {n}; a tier needs a place of its own")
-
-
-def _check_new_dir(root: str, store_id: str | None, number: int, new: str, old: str,
-                   paths: list[str]) -> None:
-    """``new`` is a directory that overlaps nothing of this store's but tier ``number`` and
-    lies in no other store."""
+def _check_new_dir(root: str, store_id: str | None, number: int, new: str, old: str
+                   ) -> None:
+    """``new`` is a directory apart from the store's root and topics and in no other store
+    (other tiers of this store are checked by the caller)."""
     if not os.path.isdir(new):
         why = "no such directory" if not os.path.exists(new) else "not a directory"
         raise ConfigError(f"{new}: {why}; move or copy tier {number}'s directory ({old}) "
@@ -155,18 +156,6 @@ def _check_new_dir(root: str, store_id: str | None, number: int, new: str, old: 
     if inside(real, real_root):
         raise ConfigError(f"{new} is the store's root or holds it; a tier needs a directory "
                           "of its own")
-    for n, p in enumerate(paths, 1):
-        if "://" in p or not os.path.exists(p):
-            continue
-        if n == number:
-            continue  # the same place: taken over in place (a claim from elsewhere)
-        other = os.path.realpath(p)
-        if other == real:
-            raise ConfigError(f"{new} is the store's tier {n}; a tier needs a directory of "
-                              "its own")
-        if inside(other, real) or inside(real, other):
-            raise ConfigError(f"{new} overlaps the store's tier {n} ({p}); a tier needs a "
-                              "directory of its own")
     if inside(real_root, real):
         top = os.path.relpath(real, real_root).split(os.sep)[0]
         if is_topic(real_root, top):

@@ -27,6 +27,20 @@ def inside(root: str, path: str) -> bool:
     return os.path.commonpath([root, path]) == root
 
 
+def tier_overlap(a: str, b: str) -> str | None:
+    """How two tier places overlap: "same", "nested" (one directory holds the other), or
+    None. URLs compare as written (trailing slashes aside); directories by their real
+    paths, symlinks resolved."""
+    if ("://" in a) != ("://" in b):
+        return None
+    if "://" in a:
+        return "same" if a.rstrip("/") == b.rstrip("/") else None
+    ra, rb = os.path.realpath(a), os.path.realpath(b)
+    if ra == rb:
+        return "same"
+    return "nested" if inside(ra, rb) or inside(rb, ra) else None
+
+
 def _is_path_key(key: str) -> bool:
     tk = tier_key(key)
     return tk is not None and tk[1] == "paths"

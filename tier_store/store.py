@@ -68,7 +68,15 @@ from .layout import (
 )
 from .moves import MoveResult, move_segment
 from .recovery import CheckReport, check_topic
-from .saved import FORMAT, inside, jsonable, portable, read_saved, resolve_path
+from .saved import (
+    FORMAT,
+    inside,
+    jsonable,
+    portable,
+    read_saved,
+    resolve_path,
+    tier_overlap,
+)
 from .state import TopicState
 from .tiers import PmemTier, SegmentWriter, Tier, make_tier
 from .topic import Topic
@@ -422,22 +430,16 @@ def _give_id(root: str, saved: dict[str, Any]) -> None:
 def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
     """A new store's tiers are each a place of their own, apart from the root's own files."""
     real_root = os.path.realpath(root)
-    seen: list[tuple[TierSpec, str]] = []
-    for spec in specs:
-        real = spec.path.rstrip("/") if "://" in spec.path else os.path.realpath(spec.path)
-        if "://" not in spec.path and inside(real, real_root):
+    for i, spec in enumerate(specs):
+        if "://" not in spec.path and inside(os.path.realpath(spec.path), real_root):
             raise ConfigError(f"storage.tiers.{spec.number}.paths={spec.path} is the store's "
                               f"root {root} or holds it; a tier needs a directory of its own")
-        for other, other_real in seen:
-            if ("://" in spec.path) != ("://" in other.path):
-                continue
-            if real == other_real or ("://" not in real and (
-                    inside(real, other_real) or inside(other_real, real))):
+        for other in specs[:i]:
+            if tier_overlap(spec.path, other.path):
                 raise ConfigError(
                     f"storage.tiers.{other.number}.paths={other.path} and storage.tiers."
                     f"{spec.number}.paths={spec.path} overlap; each tier needs a place of its "
                     "own")
-        seen.append((spec, real))
 
 
 def _check_tier_dirs(root: str, store_id: str | None, specs: list[TierSpec]) -> None:
