@@ -137,7 +137,10 @@ def spark_session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
+
+    from . import SPARK_CONF
     spark = (SparkSession.builder.master("local[2]").appName("pafka-demo")
+             .config(map=SPARK_CONF)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")

@@ -53,6 +53,38 @@ def test_round_trip_of_every_type_spark_and_arrow_share(spark, tmp_path):
     assert sorted(back.collect()) == sorted(df.collect())
 
 
+def test_recommended_spark_settings_write_exactly_the_rows(spark, tmp_path):
+    """Under pafka_source.SPARK_CONF Spark cuts the batches it sends to a writer by row count
+    alone; batch and streaming writes still store exactly the rows."""
+    from pafka_source import SPARK_CONF
+    assert SPARK_CONF
+    before = {k: spark.conf.get(k, None) for k in SPARK_CONF}
+    for k, v in SPARK_CONF.items():
+        spark.conf.set(k, v)
+    try:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7000")
+        df = spark.sql("""select id key, cast(id as string) s, array(id, id) arr,
+                                 named_struct('a', id) st from range(25000)""").repartition(2)
+        df.write.format("pafka").option("topic", "t").mode("append").save(str(tmp_path))
+        back = spark.read.format("pafka").option("topic", "t").load(str(tmp_path))
+        assert sorted(back.collect()) == sorted(df.collect())
+
+        src = (spark.readStream.format("pafka").option("topic", "t")
+               .option("startingOffsets", "earliest").load(str(tmp_path)).select("key"))
+        q = (src.writeStream.format("pafka").option("topic", "copy")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start(str(tmp_path)))
+        q.awaitTermination()
+        assert _keys(spark, tmp_path, "copy") == list(range(25000))
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
 def test_topic_written_from_python_with_types_spark_lacks_reads_widened(spark, tmp_path):
     s = Store.open(tmp_path)
     schema = pa.schema([("u8", pa.uint8()), ("u32", pa.uint32()), ("ls", pa.large_string()),
