@@ -130,7 +130,8 @@ def report(args: argparse.Namespace, results: dict, c1: int, threshold: float) -
     lines = [
         "## Tiering through Spark (`bench/tiering_spark.py`): a burst written by the pafka "
         "sink", "",
-        f"Command: `.venv/bin/python bench/tiering_spark.py` — one `local[2]` SparkSession; "
+        f"Command: `.venv/bin/python bench/tiering_spark.py` — one `local[2]` SparkSession "
+        "with `pafka_source.SPARK_CONF` (the session of `bench/spark_bench.py`); "
         f"{args.rows:,} rows (the rows of `bench/spark_bench.py`) ≈ {burst_mb:,.0f} MB as "
         "stored, cached, written with `df.write.format(\"pafka\")` into a topic of 4 "
         f"partitions. Tiered: pmem tier on /dev/shm of {args.tier1} MiB prefilled to its "
@@ -154,8 +155,8 @@ def report(args: argparse.Namespace, results: dict, c1: int, threshold: float) -
         "write the migration may move a segment under it, and the write's commit then fails "
         "with `CommitConflict` (\"write the batch again\") — as the configuration key says, it "
         "must be longer than any batch.", "",
-        "The tiered ingest is bounded by the sink's own speed on this machine (the Spark "
-        "benchmark above: about 2 M rows/s on 2 cores), not by tier 1; the HDD-only store by "
+        "The tiered ingest is bounded by the sink's own speed on this machine (the pmem-tier "
+        "sink of the Spark benchmark above), not by tier 1; the HDD-only store by "
         "the simulated disk. Reads are not throttled (the files are in the page cache either "
         "way), so they cost the same on both.",
     ]
