@@ -8,12 +8,16 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tier_store import ConfigError, DataLoss, Store, relocate_tier
+from tier_store.commit_log import CommitLog
+from tier_store.entries import PositionEntry
+from tier_store.layout import log_dir
 
 from .conftest import ROOT, SCHEMA, make_batch, read_all
 
@@ -364,35 +368,66 @@ def test_relocation_checks_each_segment_s_header_and_last_chunk(tmp_path, shm_di
         relocate_tier(tmp_path / "b", 1, str(copy))
 
 
-def test_a_commit_while_relocating_refuses_it(tmp_path):
+def test_a_commit_during_a_relocation_waits_for_it_and_is_then_refused(tmp_path):
     conf = {"storage.tiers.first.paths": str(tmp_path / "disk1"), "log.segment.bytes": "64k"}
     _fill_many(tmp_path / "s", conf)
     writer = Store.open(tmp_path / "s").topic("t")
+    before = writer.latest_offsets()
     shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")  # copied with a writer running
-    store_file = (tmp_path / "s" / "_store.json").read_bytes()
+    outcome: dict = {}
+
+    def append():
+        try:
+            writer.append(make_batch(3000, 10), partition=1)  # chunk into disk1, then commit
+            outcome["ok"] = True
+        except ConfigError as e:
+            outcome["error"] = str(e)
+
+    thread = threading.Thread(target=append)
     calls = []
 
     def progress(n):
         if not calls:
-            writer.append(make_batch(3000, 10), partition=1)
+            thread.start()
+            time.sleep(0.5)
+            outcome["during"] = dict(outcome)  # the commit waits for the store's lock
+        calls.append(n)
+
+    relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=progress)
+    thread.join(30)
+    assert outcome["during"] == {}
+    assert "tier 1 of the store" in outcome["error"] and "was relocated to" in outcome["error"]
+    with pytest.raises(ConfigError, match="was relocated to"):
+        writer.store.create_topic("new", SCHEMA)
+    writer.store.close()
+    with Store.open(tmp_path / "s") as s:  # the refused chunk stays invisible
+        t = s.topic("t")
+        assert t.latest_offsets() == before and "new" not in s.topics()
+        t.append(make_batch(3000, 10), partition=1)  # reopened: written to the new place
+        (seg,) = [x for x in t.segments() if x.partition == 1]
+        assert seg.path.startswith(str(tmp_path / "disk2"))
+        assert read_all(t, 1) == list(range(3000, 3010))
+
+
+def test_a_relocation_refuses_entries_published_without_the_stores_lock(tmp_path):
+    """A writer of a release that publishes without the store's lock: a commit during the
+    check still makes the relocation refuse, and nothing changes."""
+    conf = {"storage.tiers.first.paths": str(tmp_path / "disk1"), "log.segment.bytes": "64k"}
+    _fill_many(tmp_path / "s", conf)
+    shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")
+    store_file = (tmp_path / "s" / "_store.json").read_bytes()
+    log = CommitLog(log_dir(str(tmp_path / "s"), "t"), "t")
+    calls = []
+
+    def progress(n):
+        if not calls:
+            st = log.load()
+            assert log.publish(st.version + 1, PositionEntry(st.last_ts, "g", {"0": 0}))
         calls.append(n)
 
     with pytest.raises(ConfigError, match="topic 't' committed while tier 1 was being checked"):
         relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=progress)
     assert (tmp_path / "s" / "_store.json").read_bytes() == store_file
-    calls.clear()
-    shutil.rmtree(tmp_path / "disk2")
-    shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")  # with the commit above
-
-    def create(n):
-        if not calls:
-            writer.store.create_topic("new", SCHEMA)
-        calls.append(n)
-
-    with pytest.raises(ConfigError, match="topic 'new' was created while tier 1 was being"):
-        relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=create)
-    assert (tmp_path / "s" / "_store.json").read_bytes() == store_file
-    writer.store.close()
 
 
 def test_an_open_after_a_tier_moved_names_relocate_and_makes_nothing(tmp_path, shm_dir):

@@ -72,9 +72,11 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
     and hold every segment the commit log places on the tier: each with its header, at
     least as long as its committed chunks, its last committed chunk matching its checksum
     (``progress`` is called with 1 per segment checked; ``pafka check`` verifies every
-    chunk). Otherwise :class:`ConfigError` says what is wrong and nothing changes; so it does
-    when a topic commits meanwhile. Stop the store's writers and migration service first: a
-    process with the store open goes on using the old path until it opens it again.
+    chunk). Otherwise :class:`ConfigError` says what is wrong and nothing changes, as when an
+    entry is published meanwhile without the store's lock (a release before the lock).
+    Commits wait while it runs; afterwards a process that opened the store before has its
+    commits refused (:meth:`Store.publishing`) until it opens the store again. Stop the
+    store's writers and migration service first.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isfile(os.path.join(root, STORE_FILE)):

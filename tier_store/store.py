@@ -109,6 +109,8 @@ class Store:
         self.id = store_id  # None for stores saved before stores had ids
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
+        # (inode, mtime, size) of the _store.json whose tier paths match self.tiers.
+        self._saved_stamp: tuple[int, int, int] | None = None
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
@@ -182,7 +184,9 @@ class Store:
         makedirs_durable(partitions_dir(self.root, name))
         entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
                             {k: jsonable(v) for k, v in topic_conf.items()})
-        if not CommitLog(ldir, name).publish(0, entry):
+        with self.publishing():
+            created = CommitLog(ldir, name).publish(0, entry)
+        if not created:
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
         log.info("created topic %s with %d partitions", name, partitions)
         return self.topic(name)
@@ -346,6 +350,43 @@ class Store:
             self.config = self.config.with_overrides({key: new})
         log.info("store %s: tier %d resized to %d bytes", self.root, number, new)
         return changed
+
+    @contextlib.contextmanager
+    def publishing(self) -> Iterator[None]:
+        """Hold the store's lock shared while a commit-log entry is published, after checking
+        that no tier was relocated since this handle opened the store.
+
+        A relocation saves a tier's new path under the exclusive lock, so an entry is
+        published either before it starts (and its check sees the entry) or after it ends
+        (and this check refuses it): a process that still writes to a tier's old place
+        never makes those chunks visible to the store that now looks elsewhere."""
+        with file_lock(os.path.join(self.root, STORE_LOCK), shared=True):
+            self._check_tier_paths()
+            yield
+
+    def _check_tier_paths(self) -> None:
+        path = os.path.join(self.root, STORE_FILE)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise ConfigError(f"{path} is gone: the store at {self.root} was deleted while "
+                              "this process had it open") from None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._saved_stamp:
+            return
+        saved = read_saved(self.root)
+        if saved is None:
+            raise ConfigError(f"{path} is gone: the store at {self.root} was deleted while "
+                              "this process had it open")
+        specs = StoreConfig(parse_config(saved["config"])).tiers(self.root)
+        for tier, spec in zip(self.tiers, specs, strict=False):
+            if tier_overlap(tier.path, spec.path) != "same":
+                raise ConfigError(
+                    f"tier {tier.number} of the store at {self.root} was relocated to "
+                    f"{spec.path} after this process opened the store, which writes to "
+                    f"{tier.path}: open the store again and write again (what this handle "
+                    "wrote since stays invisible)")
+        self._saved_stamp = stamp
 
     def claim_remote(self, tier: Tier) -> None:
         """Make sure remote ``tier`` is this store's before writing or deleting files there

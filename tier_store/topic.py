@@ -492,8 +492,9 @@ class Topic:
     def _publish(self, st: TopicState, entry: Entry) -> bool:
         """Publish ``entry`` as the next version of ``st``; apply it on success."""
         v = st.version + 1
-        if not self._log.publish(v, entry):
-            return False
+        with self.store.publishing():
+            if not self._log.publish(v, entry):
+                return False
         st.apply(v, entry)
         return True
 
