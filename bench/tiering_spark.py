@@ -155,8 +155,8 @@ def report(args: argparse.Namespace, results: dict, c1: int, threshold: float) -
         "write the migration may move a segment under it, and the write's commit then fails "
         "with `CommitConflict` (\"write the batch again\") — as the configuration key says, it "
         "must be longer than any batch.", "",
-        "The tiered ingest is bounded by the sink's own speed on this machine (the pmem-tier "
-        "sink of the Spark benchmark above), not by tier 1; the HDD-only store by "
+        "The tiered ingest is bounded by the sink's own work on this machine's two cores "
+        "(Spark's transfer to Python and the writes), not by tier 1; the HDD-only store by "
         "the simulated disk. Reads are not throttled (the files are in the page cache either "
         "way), so they cost the same on both.",
     ]

@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 #: largest value Spark stops measuring the Arrow batch it sends to a Python writer after every
 #: row (a walk over all the batch's vectors, about half of the JVM's work in a pafka write);
 #: batches stay capped at ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10,000 by
-#: default), so only rows of more than 200 KB on average could reach Arrow's 2 GB limit. The
+#: default; keep it positive), so only a column of more than 200 KB per row on average could
+#: reach Arrow's 2 GB limit on a column's values in one batch. The
 #: setting applies to every Arrow-based Python function of the session (``mapInArrow``, pandas
 #: UDFs), which it speeds up the same way.
 SPARK_CONF: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1)}

@@ -20,7 +20,7 @@ from typing import Any
 
 from tier_store import PafkaError
 from tier_store.config import parse_config
-from tier_store.layout import STORE_FILE, STORE_LOCK
+from tier_store.layout import STORE_FILE, STORE_LOCK, TIERS_LOCK
 from tier_store.saved import read_saved
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 # Marks a store root as the demo's own, which the next run may delete.
 DEMO_MARKER = "_pafka_demo"
 # What a demo store's root may hold (stores from before the marker are recognised by it).
-_DEMO_ENTRIES = {STORE_FILE, STORE_LOCK, DEMO_MARKER, "_migration.json", "_checkpoints",
-                 "clicks", "tier-1", "tier-2"}
+_DEMO_ENTRIES = {STORE_FILE, STORE_LOCK, TIERS_LOCK, DEMO_MARKER, "_migration.json",
+                 "_checkpoints", "clicks", "tier-1", "tier-2"}
 # How long query 2 waits for query 1 to create its topic, and a stop for a micro-batch.
 TOPIC_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tier_store import ConfigError, DataLoss, Store, relocate_tier
+from tier_store import ChunkRef, ConfigError, DataLoss, Store, relocate_tier
 from tier_store.commit_log import CommitLog
 from tier_store.entries import PositionEntry
 from tier_store.layout import log_dir
@@ -372,6 +372,7 @@ def test_a_commit_during_a_relocation_waits_for_it_and_is_then_refused(tmp_path)
     conf = {"storage.tiers.first.paths": str(tmp_path / "disk1"), "log.segment.bytes": "64k"}
     _fill_many(tmp_path / "s", conf)
     writer = Store.open(tmp_path / "s").topic("t")
+    writer.append(make_batch(2990, 10), partition=0)  # this handle has committed before
     before = writer.latest_offsets()
     shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")  # copied with a writer running
     outcome: dict = {}
@@ -397,16 +398,37 @@ def test_a_commit_during_a_relocation_waits_for_it_and_is_then_refused(tmp_path)
     thread.join(30)
     assert outcome["during"] == {}
     assert "tier 1 of the store" in outcome["error"] and "was relocated to" in outcome["error"]
-    with pytest.raises(ConfigError, match="was relocated to"):
-        writer.store.create_topic("new", SCHEMA)
+    writer.set_position("g", {0: 1})  # entries that name no written data still go in
     writer.store.close()
     with Store.open(tmp_path / "s") as s:  # the refused chunk stays invisible
         t = s.topic("t")
-        assert t.latest_offsets() == before and "new" not in s.topics()
+        assert t.latest_offsets() == before
         t.append(make_batch(3000, 10), partition=1)  # reopened: written to the new place
         (seg,) = [x for x in t.segments() if x.partition == 1]
         assert seg.path.startswith(str(tmp_path / "disk2"))
         assert read_all(t, 1) == list(range(3000, 3010))
+
+
+def test_chunks_written_to_the_old_place_are_refused_by_any_handle(tmp_path):
+    """As in Spark: executors write chunks, the driver commits them through its own handle,
+    opened after the relocation."""
+    conf = {"storage.tiers.first.paths": str(tmp_path / "disk1"), "log.segment.bytes": "64k"}
+    _fill_many(tmp_path / "s", conf)
+    shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")
+    with Store.open(tmp_path / "s") as executor:  # still running after the copy
+        refs = executor.topic("t").write_chunks(make_batch(3000, 10), partition=0)
+    assert refs[0].place == str(tmp_path / "disk1")
+    relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"))
+    with Store.open(tmp_path / "s") as driver:
+        t = driver.topic("t")
+        before = t.latest_offsets()
+        with pytest.raises(ConfigError, match=r"tier 1 of the store .* was relocated to .*disk2 "
+                                              r"after data was written to it at .*disk1"):
+            t.commit([ChunkRef.from_dict(r.to_dict()) for r in refs])
+        assert t.latest_offsets() == before
+        fresh = t.write_chunks(make_batch(3000, 10), partition=0)
+        t.commit(fresh)
+        assert read_all(t, 0)[-10:] == list(range(3000, 3010))
 
 
 def test_a_relocation_refuses_entries_published_without_the_stores_lock(tmp_path):

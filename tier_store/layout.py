@@ -3,7 +3,10 @@
 Under the store root::
 
     _store.json                         saved configuration (tiers, segment size)
-    _store.lock                         flock held while a tier is resized
+    _store.lock                         flock: shared by opens, exclusive while the store is
+                                        created or a tier is resized or relocated
+    _tiers.lock                         flock: shared while an entry naming written data is
+                                        published, exclusive while a tier is relocated
     <topic>/_log/<20-digit>.json        commit-log entries, one per version
     <topic>/_log/<20-digit>.checkpoint  topic state at that version (Arrow IPC file)
     <topic>/_log/_last_checkpoint       version of the newest checkpoint
@@ -36,6 +39,7 @@ from .errors import PafkaError
 
 STORE_FILE = "_store.json"
 STORE_LOCK = "_store.lock"
+TIERS_LOCK = "_tiers.lock"
 REMOTE_LOCK = "remote.lock"
 TIER_OWNER = "_pafka_store"
 LOG_DIR = "_log"
@@ -143,7 +147,12 @@ def file_lock(path: str, shared: bool = False) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-        yield
+        try:
+            yield
+        finally:
+            # Unlocked before the close: a child forked meanwhile shares the descriptor, and
+            # the lock would live on until it exits.
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 

@@ -194,7 +194,7 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                                  entry.sources, entry.seq, entry.tier, entry.chunks)
 
             try:
-                topic._publish_retrying(make)
+                topic._publish_retrying(make, places=((tier_number, target.path),))
             except CommitConflict as e:
                 log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
                          [s.id for s in segs], e)

@@ -25,6 +25,9 @@ class ChunkRef:
     written_ms: int
     tmin: int | None = None
     tmax: int | None = None
+    # The tier's place (directory or URL) the chunk was written at; a commit is refused when
+    # the store has relocated the tier since (None: unknown, the committing handle's place).
+    place: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

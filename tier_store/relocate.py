@@ -35,6 +35,7 @@ from .errors import ConfigError, CorruptSegment
 from .layout import (
     STORE_FILE,
     STORE_LOCK,
+    TIERS_LOCK,
     file_lock,
     is_topic,
     log_dir,
@@ -74,14 +75,14 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
     (``progress`` is called with 1 per segment checked; ``pafka check`` verifies every
     chunk). Otherwise :class:`ConfigError` says what is wrong and nothing changes, as when an
     entry is published meanwhile without the store's lock (a release before the lock).
-    Commits wait while it runs; afterwards a process that opened the store before has its
-    commits refused (:meth:`Store.publishing`) until it opens the store again. Stop the
-    store's writers and migration service first.
+    Commits and moves wait while it runs; afterwards those of data written to the tier's old
+    place are refused (:meth:`Store.publishing`), and the writer must open the store again.
+    Stop the store's writers and migration service first.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isfile(os.path.join(root, STORE_FILE)):
         raise ConfigError(f"no store at {root} (no {STORE_FILE})")
-    with file_lock(os.path.join(root, STORE_LOCK)):
+    with file_lock(os.path.join(root, STORE_LOCK)), file_lock(os.path.join(root, TIERS_LOCK)):
         saved = read_saved(root)
         if saved is None:
             raise ConfigError(f"{root}/{STORE_FILE} is gone")

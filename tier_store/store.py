@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -55,6 +55,7 @@ from .layout import (
     STORE_FILE,
     STORE_LOCK,
     TIER_OWNER,
+    TIERS_LOCK,
     check_topic_name,
     file_lock,
     fsync_dir,
@@ -109,8 +110,9 @@ class Store:
         self.id = store_id  # None for stores saved before stores had ids
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
-        # (inode, mtime, size) of the _store.json whose tier paths match self.tiers.
-        self._saved_stamp: tuple[int, int, int] | None = None
+        # (inode, mtime, ctime, size) of _store.json when _saved_paths was read from it.
+        self._saved_stamp: tuple[int, int, int, int] | None = None
+        self._saved_paths: list[str] | None = None
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
@@ -184,9 +186,7 @@ class Store:
         makedirs_durable(partitions_dir(self.root, name))
         entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
                             {k: jsonable(v) for k, v in topic_conf.items()})
-        with self.publishing():
-            created = CommitLog(ldir, name).publish(0, entry)
-        if not created:
+        if not CommitLog(ldir, name).publish(0, entry):
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
         log.info("created topic %s with %d partitions", name, partitions)
         return self.topic(name)
@@ -352,41 +352,48 @@ class Store:
         return changed
 
     @contextlib.contextmanager
-    def publishing(self) -> Iterator[None]:
-        """Hold the store's lock shared while a commit-log entry is published, after checking
-        that no tier was relocated since this handle opened the store.
+    def publishing(self, places: Iterable[tuple[int, str]] = ()) -> Iterator[None]:
+        """Publish a commit-log entry that names data at ``places`` (tier number, the tier's
+        place the data was written at): hold ``_tiers.lock`` shared and refuse
+        (:class:`ConfigError`) when the store has relocated one of those tiers since.
 
-        A relocation saves a tier's new path under the exclusive lock, so an entry is
+        A relocation saves a tier's new path under the exclusive lock, so such an entry is
         published either before it starts (and its check sees the entry) or after it ends
-        (and this check refuses it): a process that still writes to a tier's old place
-        never makes those chunks visible to the store that now looks elsewhere."""
-        with file_lock(os.path.join(self.root, STORE_LOCK), shared=True):
-            self._check_tier_paths()
+        (and this check refuses it): data written to a tier's old place never becomes
+        visible in the store that now looks elsewhere. Entries naming no data take no
+        lock."""
+        places = list(places)
+        if not places:
+            yield
+            return
+        with file_lock(os.path.join(self.root, TIERS_LOCK), shared=True):
+            saved = self._saved_tier_paths()
+            for number, place in places:
+                now = saved[number - 1]
+                if place != now and tier_overlap(place, now) != "same":
+                    raise ConfigError(
+                        f"tier {number} of the store at {self.root} was relocated to {now} "
+                        f"after data was written to it at {place}: open the store again and "
+                        "write again (that data stays invisible)")
             yield
 
-    def _check_tier_paths(self) -> None:
+    def _saved_tier_paths(self) -> list[str]:
+        """The tier paths ``_store.json`` names now (read again only when the file changed)."""
         path = os.path.join(self.root, STORE_FILE)
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            raise ConfigError(f"{path} is gone: the store at {self.root} was deleted while "
-                              "this process had it open") from None
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self._saved_stamp:
-            return
-        saved = read_saved(self.root)
-        if saved is None:
-            raise ConfigError(f"{path} is gone: the store at {self.root} was deleted while "
-                              "this process had it open")
-        specs = StoreConfig(parse_config(saved["config"])).tiers(self.root)
-        for tier, spec in zip(self.tiers, specs, strict=False):
-            if tier_overlap(tier.path, spec.path) != "same":
-                raise ConfigError(
-                    f"tier {tier.number} of the store at {self.root} was relocated to "
-                    f"{spec.path} after this process opened the store, which writes to "
-                    f"{tier.path}: open the store again and write again (what this handle "
-                    "wrote since stays invisible)")
-        self._saved_stamp = stamp
+            st = None
+        stamp = None if st is None else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        if stamp is None or stamp != self._saved_stamp or self._saved_paths is None:
+            saved = read_saved(self.root) if stamp is not None else None
+            if saved is None:
+                raise ConfigError(f"{path} is gone: the store at {self.root} was deleted while "
+                                  "this process had it open")
+            self._saved_paths = [s.path for s in
+                                 StoreConfig(parse_config(saved["config"])).tiers(self.root)]
+            self._saved_stamp = stamp
+        return self._saved_paths
 
     def claim_remote(self, tier: Tier) -> None:
         """Make sure remote ``tier`` is this store's before writing or deleting files there

@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -319,7 +319,7 @@ class Topic:
                 with self._lock:
                     self._unsynced.add(p)
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
-                        written, tmin, tmax)
+                        written, tmin, tmax, tier.path)
 
     def _pointer_path(self, p: int) -> str:
         return os.path.join(partitions_dir(self.store.root, self.name), f"{p}.active")
@@ -483,29 +483,33 @@ class Topic:
                                               r.records, r.checksum, r.tmin, r.tmax))
                     results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
                 entry = AppendEntry(ts, tuple(chunks), writer_id, batch_id)
-                if self._publish(st, entry):
+                places = {(r.tier, r.place or self.store.tier(r.tier).path) for r in fresh}
+                if self._publish(st, entry, places):
                     self._after_commit()
                     return results
             raise CommitConflict(f"topic {self.name!r}: gave up committing after "
                                  f"{_MAX_COMMIT_ATTEMPTS} lost races")
 
-    def _publish(self, st: TopicState, entry: Entry) -> bool:
-        """Publish ``entry`` as the next version of ``st``; apply it on success."""
+    def _publish(self, st: TopicState, entry: Entry,
+                 places: Iterable[tuple[int, str]] = ()) -> bool:
+        """Publish ``entry`` as the next version of ``st``; apply it on success. ``places``:
+        the tier places of the data it names (see :meth:`Store.publishing`)."""
         v = st.version + 1
-        with self.store.publishing():
+        with self.store.publishing(places):
             if not self._log.publish(v, entry):
                 return False
         st.apply(v, entry)
         return True
 
-    def _publish_retrying(self, make: Any) -> TopicState:
+    def _publish_retrying(self, make: Any, places: Iterable[tuple[int, str]] = ()
+                          ) -> TopicState:
         """Publish ``make(state)`` (an entry, or None for nothing to do) until it wins."""
         with self._lock:
             for _ in range(_MAX_COMMIT_ATTEMPTS):
                 st = self._log.refresh(self._state)
                 self._state = st
                 entry = make(st)
-                if entry is None or self._publish(st, entry):
+                if entry is None or self._publish(st, entry, places):
                     return st
             raise CommitConflict(f"topic {self.name!r}: gave up after "
                                  f"{_MAX_COMMIT_ATTEMPTS} lost races")
