@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -391,13 +392,13 @@ def test_a_commit_during_a_relocation_waits_for_it_and_is_then_refused(tmp_path)
         if not calls:
             thread.start()
             time.sleep(0.5)
-            outcome["during"] = dict(outcome)  # the commit waits for the store's lock
+            outcome["during"] = dict(outcome)  # the commit waits on _tiers.lock
         calls.append(n)
 
     relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"), progress=progress)
     thread.join(30)
     assert outcome["during"] == {}
-    assert "tier 1 of the store" in outcome["error"] and "was relocated to" in outcome["error"]
+    assert "tier 1 of the store" in outcome["error"] and "was relocated (to" in outcome["error"]
     writer.set_position("g", {0: 1})  # entries that name no written data still go in
     writer.store.close()
     with Store.open(tmp_path / "s") as s:  # the refused chunk stays invisible
@@ -417,18 +418,31 @@ def test_chunks_written_to_the_old_place_are_refused_by_any_handle(tmp_path):
     shutil.copytree(tmp_path / "disk1", tmp_path / "disk2")
     with Store.open(tmp_path / "s") as executor:  # still running after the copy
         refs = executor.topic("t").write_chunks(make_batch(3000, 10), partition=0)
-    assert refs[0].place == str(tmp_path / "disk1")
+    assert refs[0].relocation == 0
     relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk2"))
+    # The old place made to resolve to the new one: what counts is the relocation.
+    os.rename(tmp_path / "disk1", tmp_path / "disk1.old")
+    os.symlink(tmp_path / "disk2", tmp_path / "disk1")
     with Store.open(tmp_path / "s") as driver:
         t = driver.topic("t")
         before = t.latest_offsets()
-        with pytest.raises(ConfigError, match=r"tier 1 of the store .* was relocated to .*disk2 "
-                                              r"after data was written to it at .*disk1"):
-            t.commit([ChunkRef.from_dict(r.to_dict()) for r in refs])
+        for stale in (refs, [replace(r, relocation=None) for r in refs]):  # None: a release
+            with pytest.raises(ConfigError, match=r"tier 1 of the store .* was relocated "
+                                                  r"\(to .*disk2\) after data was written"):
+                t.commit([ChunkRef.from_dict(r.to_dict()) for r in stale])
         assert t.latest_offsets() == before
+        t.set_position("g", {0: 1})  # entries naming no written data go in
         fresh = t.write_chunks(make_batch(3000, 10), partition=0)
+        assert fresh[0].relocation == 1
         t.commit(fresh)
         assert read_all(t, 0)[-10:] == list(range(3000, 3010))
+    # Back to the first place: data written under either earlier count stays out.
+    shutil.rmtree(tmp_path / "disk1.old")
+    os.unlink(tmp_path / "disk1")
+    shutil.copytree(tmp_path / "disk2", tmp_path / "disk1")
+    relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk1"))
+    with Store.open(tmp_path / "s") as s, pytest.raises(ConfigError, match="was relocated"):
+        s.topic("t").commit(refs)
 
 
 def test_a_relocation_refuses_entries_published_without_the_stores_lock(tmp_path):

@@ -5,8 +5,8 @@ Under the store root::
     _store.json                         saved configuration (tiers, segment size)
     _store.lock                         flock: shared by opens, exclusive while the store is
                                         created or a tier is resized or relocated
-    _tiers.lock                         flock: shared while an entry naming written data is
-                                        published, exclusive while a tier is relocated
+    _tiers.lock                         flock: shared while a commit-log entry is published,
+                                        exclusive while a tier is relocated
     <topic>/_log/<20-digit>.json        commit-log entries, one per version
     <topic>/_log/<20-digit>.checkpoint  topic state at that version (Arrow IPC file)
     <topic>/_log/_last_checkpoint       version of the newest checkpoint

@@ -194,7 +194,10 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                                  entry.sources, entry.seq, entry.tier, entry.chunks)
 
             try:
-                topic._publish_retrying(make, places=((tier_number, target.path),))
+                # The copy is written under this handle's view of the target tier and read
+                # from its view of the sources' tiers: refused if any was relocated since.
+                used = {tier_number, *(s.tier for s in segs)}
+                topic._publish_retrying(make, tiers={(n, store.relocation(n)) for n in used})
             except CommitConflict as e:
                 log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
                          [s.id for s in segs], e)

@@ -25,9 +25,10 @@ class ChunkRef:
     written_ms: int
     tmin: int | None = None
     tmax: int | None = None
-    # The tier's place (directory or URL) the chunk was written at; a commit is refused when
-    # the store has relocated the tier since (None: unknown, the committing handle's place).
-    place: str | None = None
+    # How many times the store had relocated the chunk's tier when the chunk was written: a
+    # commit is refused once the tier was relocated since (None: written by a release that
+    # did not record it; refused on a tier ever relocated).
+    relocation: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

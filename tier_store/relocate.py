@@ -43,7 +43,7 @@ from .layout import (
     write_atomic,
 )
 from .reading import read_range
-from .saved import inside, portable, read_saved, resolve_path, tier_overlap
+from .saved import inside, portable, read_saved, relocations, resolve_path, tier_overlap
 from .state import TopicState
 from .tiers import make_tier
 from .tiers.base import Tier
@@ -137,6 +137,12 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
                            if tier_key(k) != (number, "paths")}
         saved["config"][key] = new
         saved["layout"]["tier.paths"][number - 1] = new
+        if not _same_place(old, new):
+            # What writers that opened the store before this record with their chunks:
+            # commits of data written under an older count are refused (Store.publishing).
+            counts = relocations(saved)
+            counts[number - 1] += 1
+            saved["layout"]["tier.relocations"] = counts
         write_atomic(os.path.join(root, STORE_FILE),
                      json.dumps(portable(root, saved), indent=1).encode())
         if not _same_place(old, new):

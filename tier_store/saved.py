@@ -84,6 +84,18 @@ def _saved_shape_problems(saved: Any) -> str:
     return "; ".join(found)
 
 
+def relocations(saved: dict[str, Any]) -> list[int]:
+    """How many times each tier was relocated (``layout.tier.relocations``; absent in stores
+    never relocated)."""
+    n = len(saved["layout"]["tier.paths"])
+    got = saved["layout"].get("tier.relocations") or []
+    if not isinstance(got, list) or len(got) > n or \
+            not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
+        raise ConfigError(f"{STORE_FILE}: layout.tier.relocations must be a list of at most {n} "
+                          f"non-negative integers, got {got!r}")
+    return [*got, *[0] * (n - len(got))]
+
+
 def read_saved(root: str) -> dict[str, Any] | None:
     """``_store.json`` of the store at ``root`` with its relative tier paths resolved against
     ``root``; None if there is none, :class:`ConfigError` naming the file if it is damaged."""

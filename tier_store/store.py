@@ -75,6 +75,7 @@ from .saved import (
     jsonable,
     portable,
     read_saved,
+    relocations,
     resolve_path,
     tier_overlap,
 )
@@ -110,9 +111,11 @@ class Store:
         self.id = store_id  # None for stores saved before stores had ids
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
-        # (inode, mtime, ctime, size) of _store.json when _saved_paths was read from it.
+        # Each tier's relocation count when this handle was opened (set by open()).
+        self._relocations = [0] * len(tiers)
+        # (inode, mtime, ctime, size) of _store.json when _saved was read from it.
         self._saved_stamp: tuple[int, int, int, int] | None = None
-        self._saved_paths: list[str] | None = None
+        self._saved: list[tuple[int, str]] | None = None
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
@@ -134,7 +137,7 @@ class Store:
         with file_lock(lock, shared=True):
             saved = read_saved(root)
             if saved is not None and saved.get("id") is not None:
-                return cls(root, *_open_saved(root, saved, given))
+                return cls(root, *_open_saved(root, saved, given))._opened(saved)
         # Made (or, made by a release without ids, given one) under the exclusive lock: two
         # processes creating one store must not claim its tiers against each other.
         with file_lock(lock):
@@ -147,7 +150,11 @@ class Store:
             saved = read_saved(root)
             if saved is None:
                 raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
-            return cls(root, *_open_saved(root, saved, given))
+            return cls(root, *_open_saved(root, saved, given))._opened(saved)
+
+    def _opened(self, saved: dict[str, Any]) -> Store:
+        self._relocations = relocations(saved)
+        return self
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, tiers={self.tiers})"
@@ -352,48 +359,51 @@ class Store:
         return changed
 
     @contextlib.contextmanager
-    def publishing(self, places: Iterable[tuple[int, str]] = ()) -> Iterator[None]:
-        """Publish a commit-log entry that names data at ``places`` (tier number, the tier's
-        place the data was written at): hold ``_tiers.lock`` shared and refuse
-        (:class:`ConfigError`) when the store has relocated one of those tiers since.
+    def publishing(self, tiers: Iterable[tuple[int, int | None]] = ()) -> Iterator[None]:
+        """Publish a commit-log entry: hold ``_tiers.lock`` shared, and refuse
+        (:class:`ConfigError`) when data the entry names was written to a tier that the store
+        has relocated since. ``tiers``: (tier number, the tier's relocation count the data
+        was written under, None if unknown), one pair per tier the entry's data is on.
 
-        A relocation saves a tier's new path under the exclusive lock, so such an entry is
-        published either before it starts (and its check sees the entry) or after it ends
+        A relocation counts and saves a tier's new path under the exclusive lock, so an entry
+        is published either before it starts (and its check sees the entry) or after it ends
         (and this check refuses it): data written to a tier's old place never becomes
-        visible in the store that now looks elsewhere. Entries naming no data take no
-        lock."""
-        places = list(places)
-        if not places:
-            yield
-            return
+        visible in the store that now looks elsewhere, whichever process commits it."""
         with file_lock(os.path.join(self.root, TIERS_LOCK), shared=True):
-            saved = self._saved_tier_paths()
-            for number, place in places:
-                now = saved[number - 1]
-                if place != now and tier_overlap(place, now) != "same":
+            for number, written in tiers:
+                now, path = self._saved_relocations()[number - 1]
+                if written != now and (written is not None or now):
                     raise ConfigError(
-                        f"tier {number} of the store at {self.root} was relocated to {now} "
-                        f"after data was written to it at {place}: open the store again and "
-                        "write again (that data stays invisible)")
+                        f"tier {number} of the store at {self.root} was relocated (to {path}) "
+                        "after data was written to it" + (
+                            "" if written is not None else " by a release that does not "
+                            "record relocations") + ": open the store again and write again "
+                        "(that data stays invisible)")
             yield
 
-    def _saved_tier_paths(self) -> list[str]:
-        """The tier paths ``_store.json`` names now (read again only when the file changed)."""
+    def relocation(self, number: int) -> int:
+        """How many times tier ``number`` had been relocated when this handle opened the
+        store: what its writes record."""
+        return self._relocations[number - 1]
+
+    def _saved_relocations(self) -> list[tuple[int, str]]:
+        """(relocation count, path) per tier as ``_store.json`` has them now, read again only
+        when the file changed."""
         path = os.path.join(self.root, STORE_FILE)
         try:
             st = os.stat(path)
         except FileNotFoundError:
             st = None
         stamp = None if st is None else (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-        if stamp is None or stamp != self._saved_stamp or self._saved_paths is None:
+        if stamp is None or stamp != self._saved_stamp or self._saved is None:
             saved = read_saved(self.root) if stamp is not None else None
             if saved is None:
                 raise ConfigError(f"{path} is gone: the store at {self.root} was deleted while "
                                   "this process had it open")
-            self._saved_paths = [s.path for s in
-                                 StoreConfig(parse_config(saved["config"])).tiers(self.root)]
+            self._saved = list(zip(relocations(saved), saved["layout"]["tier.paths"],
+                                   strict=True))
             self._saved_stamp = stamp
-        return self._saved_paths
+        return self._saved
 
     def claim_remote(self, tier: Tier) -> None:
         """Make sure remote ``tier`` is this store's before writing or deleting files there

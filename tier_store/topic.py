@@ -319,7 +319,7 @@ class Topic:
                 with self._lock:
                     self._unsynced.add(p)
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
-                        written, tmin, tmax, tier.path)
+                        written, tmin, tmax, self.store.relocation(tier.number))
 
     def _pointer_path(self, p: int) -> str:
         return os.path.join(partitions_dir(self.store.root, self.name), f"{p}.active")
@@ -461,7 +461,9 @@ class Topic:
             raise PafkaError("give both writer_id and batch_id, or neither")
         if not refs:
             return []
-        with self._lock:
+        # The relocation check comes first (and holds through the publish): a chunk written
+        # to a tier's old place must be refused, not taken for one already committed.
+        with self._lock, self.store.publishing({(r.tier, r.relocation) for r in refs}):
             for _ in range(_MAX_COMMIT_ATTEMPTS):
                 st = self._log.refresh(self._state)
                 self._state = st
@@ -483,25 +485,24 @@ class Topic:
                                               r.records, r.checksum, r.tmin, r.tmax))
                     results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
                 entry = AppendEntry(ts, tuple(chunks), writer_id, batch_id)
-                places = {(r.tier, r.place or self.store.tier(r.tier).path) for r in fresh}
-                if self._publish(st, entry, places):
+                if self._publish(st, entry):
                     self._after_commit()
                     return results
             raise CommitConflict(f"topic {self.name!r}: gave up committing after "
                                  f"{_MAX_COMMIT_ATTEMPTS} lost races")
 
     def _publish(self, st: TopicState, entry: Entry,
-                 places: Iterable[tuple[int, str]] = ()) -> bool:
-        """Publish ``entry`` as the next version of ``st``; apply it on success. ``places``:
-        the tier places of the data it names (see :meth:`Store.publishing`)."""
+                 tiers: Iterable[tuple[int, int | None]] = ()) -> bool:
+        """Publish ``entry`` as the next version of ``st``; apply it on success. ``tiers``:
+        where the data it names was written (see :meth:`Store.publishing`)."""
         v = st.version + 1
-        with self.store.publishing(places):
+        with self.store.publishing(tiers):
             if not self._log.publish(v, entry):
                 return False
         st.apply(v, entry)
         return True
 
-    def _publish_retrying(self, make: Any, places: Iterable[tuple[int, str]] = ()
+    def _publish_retrying(self, make: Any, tiers: Iterable[tuple[int, int | None]] = ()
                           ) -> TopicState:
         """Publish ``make(state)`` (an entry, or None for nothing to do) until it wins."""
         with self._lock:
@@ -509,7 +510,7 @@ class Topic:
                 st = self._log.refresh(self._state)
                 self._state = st
                 entry = make(st)
-                if entry is None or self._publish(st, entry, places):
+                if entry is None or self._publish(st, entry, tiers):
                     return st
             raise CommitConflict(f"topic {self.name!r}: gave up after "
                                  f"{_MAX_COMMIT_ATTEMPTS} lost races")
