@@ -11,6 +11,7 @@ Thread-safety: a handle may be shared by threads; its state is guarded by a lock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -485,18 +486,19 @@ class Topic:
                                               r.records, r.checksum, r.tmin, r.tmax))
                     results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
                 entry = AppendEntry(ts, tuple(chunks), writer_id, batch_id)
-                if self._publish(st, entry):
+                if self._publish(st, entry, held=True):
                     self._after_commit()
                     return results
             raise CommitConflict(f"topic {self.name!r}: gave up committing after "
                                  f"{_MAX_COMMIT_ATTEMPTS} lost races")
 
     def _publish(self, st: TopicState, entry: Entry,
-                 tiers: Iterable[tuple[int, int | None]] = ()) -> bool:
+                 tiers: Iterable[tuple[int, int | None]] = (), held: bool = False) -> bool:
         """Publish ``entry`` as the next version of ``st``; apply it on success. ``tiers``:
-        where the data it names was written (see :meth:`Store.publishing`)."""
+        where the data it names was written (see :meth:`Store.publishing`); ``held``: the
+        caller is inside :meth:`Store.publishing` already."""
         v = st.version + 1
-        with self.store.publishing(tiers):
+        with contextlib.nullcontext() if held else self.store.publishing(tiers):
             if not self._log.publish(v, entry):
                 return False
         st.apply(v, entry)
