@@ -133,6 +133,8 @@ def test_a_directory_a_file_or_an_empty_root_is_not_taken_for_a_store(tmp_path):
     (b"[]", "found a JSON array"),
     (b'{"format": 1, "config": [], "layout": {}}', "config is a JSON array"),
     (b'{"format": 1, "config": {}, "layout": {}}', "layout.tier.paths is missing"),
+    (b'{"format": 1, "config": {}, "layout": {"tier.paths": ["t"], "tier.relocations": [-1]}}',
+     "layout.tier.relocations is [-1], not a list of at most 1 non-negative integers"),
     (b'{"format": 7, "config": {}, "layout": {"tier.paths": []}}',
      "unsupported store format 7"),
     (b"{not json", "not JSON"),

@@ -81,19 +81,21 @@ def _saved_shape_problems(saved: Any) -> str:
             found.append("layout.tier.paths is missing")
         elif not isinstance(layout["tier.paths"], list):
             found.append(f"layout.tier.paths is {kind(layout['tier.paths'])}")
+        else:
+            counts = layout.get("tier.relocations", [])
+            if not isinstance(counts, list) or len(counts) > len(layout["tier.paths"]) or \
+                    not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                            for x in counts):
+                found.append(f"layout.tier.relocations is {counts!r}, not a list of at most "
+                             f"{len(layout['tier.paths'])} non-negative integers")
     return "; ".join(found)
 
 
 def relocations(saved: dict[str, Any]) -> list[int]:
-    """How many times each tier was relocated (``layout.tier.relocations``; absent in stores
-    never relocated)."""
-    n = len(saved["layout"]["tier.paths"])
-    got = saved["layout"].get("tier.relocations") or []
-    if not isinstance(got, list) or len(got) > n or \
-            not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
-        raise ConfigError(f"{STORE_FILE}: layout.tier.relocations must be a list of at most {n} "
-                          f"non-negative integers, got {got!r}")
-    return [*got, *[0] * (n - len(got))]
+    """How many times each tier was relocated (``layout.tier.relocations`` of a
+    :func:`read_saved` result, whose shape it checked; absent in stores never relocated)."""
+    got = saved["layout"].get("tier.relocations", [])
+    return [*got, *[0] * (len(saved["layout"]["tier.paths"]) - len(got))]
 
 
 def read_saved(root: str) -> dict[str, Any] | None:

@@ -464,33 +464,41 @@ class Topic:
             return []
         # The relocation check comes first (and holds through the publish): a chunk written
         # to a tier's old place must be refused, not taken for one already committed.
-        with self._lock, self.store.publishing({(r.tier, r.relocation) for r in refs}):
-            for _ in range(_MAX_COMMIT_ATTEMPTS):
-                st = self._log.refresh(self._state)
-                self._state = st
-                if writer_id is not None and st.writers.get(writer_id, -1) >= batch_id:
-                    log.info("topic %s: batch %s of writer %s is already committed; skipping "
-                             "the replay", self.name, batch_id, writer_id)
-                    return []
-                fresh = self._unseen(st, refs)
-                if not fresh:
-                    return []
-                self._check_refs(st, fresh)
-                ts = max(st.last_ts, _now_ms())
-                nxt = list(st.next_offset)
-                chunks, results = [], []
-                for r in fresh:
-                    base = nxt[r.partition]
-                    nxt[r.partition] += r.records
-                    chunks.append(ChunkRecord(r.partition, r.seq, r.tier, r.pos, r.length, base,
-                                              r.records, r.checksum, r.tmin, r.tmax))
-                    results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
-                entry = AppendEntry(ts, tuple(chunks), writer_id, batch_id)
-                if self._publish(st, entry, held=True):
-                    self._after_commit()
-                    return results
-            raise CommitConflict(f"topic {self.name!r}: gave up committing after "
-                                 f"{_MAX_COMMIT_ATTEMPTS} lost races")
+        with self._lock:
+            with self.store.publishing({(r.tier, r.relocation) for r in refs}):
+                results = self._commit_refs(refs, writer_id, batch_id)
+            if results:
+                self._after_commit()
+            return results
+
+    def _commit_refs(self, refs: list[ChunkRef], writer_id: str | None,
+                     batch_id: int | None) -> list[AppendResult]:
+        """:meth:`commit` under the topic's lock and the store's publishing lock."""
+        for _ in range(_MAX_COMMIT_ATTEMPTS):
+            st = self._log.refresh(self._state)
+            self._state = st
+            if writer_id is not None and st.writers.get(writer_id, -1) >= batch_id:
+                log.info("topic %s: batch %s of writer %s is already committed; skipping "
+                         "the replay", self.name, batch_id, writer_id)
+                return []
+            fresh = self._unseen(st, refs)
+            if not fresh:
+                return []
+            self._check_refs(st, fresh)
+            ts = max(st.last_ts, _now_ms())
+            nxt = list(st.next_offset)
+            chunks, results = [], []
+            for r in fresh:
+                base = nxt[r.partition]
+                nxt[r.partition] += r.records
+                chunks.append(ChunkRecord(r.partition, r.seq, r.tier, r.pos, r.length, base,
+                                          r.records, r.checksum, r.tmin, r.tmax))
+                results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
+            entry = AppendEntry(ts, tuple(chunks), writer_id, batch_id)
+            if self._publish(st, entry, held=True):
+                return results
+        raise CommitConflict(f"topic {self.name!r}: gave up committing after "
+                             f"{_MAX_COMMIT_ATTEMPTS} lost races")
 
     def _publish(self, st: TopicState, entry: Entry,
                  tiers: Iterable[tuple[int, int | None]] = (), held: bool = False) -> bool:
