@@ -172,6 +172,28 @@ def test_committing_the_same_refs_twice_appends_once(file_store):
     assert t.latest_offsets() == {0: 10}
 
 
+def test_a_chunk_whose_place_was_reused_before_its_commit_conflicts(file_store):
+    # A crash that loses a segment's header update (its `end`) before the chunk it covers was
+    # committed lets the next writer append at the same place: the first chunk's bytes are
+    # gone, so committing it must fail rather than pass for "already committed".
+    from tier_store.segment import END_OFFSET, WORD
+    t = file_store.create_topic("t", SCHEMA, partitions=1)
+    lost = t.write_chunks(make_batch(0, 10))
+    r = lost[0]
+    path = file_store.tier(r.tier).segment_path("t", 0, r.seq)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, WORD.pack(r.pos), END_OFFSET)
+    finally:
+        os.close(fd)
+    kept = t.append(make_batch(100, 20))
+    assert [(k.base_offset, k.records) for k in kept] == [(0, 20)]
+    with pytest.raises(CommitConflict, match=f"segment 0-{r.seq} holds another committed "
+                       f"chunk at {r.pos}.*write the batch again"):
+        t.commit(lost)
+    assert read_all(t, 0) == list(range(100, 120))
+
+
 def test_schema_mismatch_names_the_differing_fields(file_store):
     t = file_store.create_topic("t", SCHEMA)
     bad = pa.record_batch({"key": pa.array([1], pa.int32()), "ts": [1], "value": ["a"]})

@@ -534,7 +534,16 @@ class Topic:
             # A chunk is committed after it was written, so only rows committed since then
             # can hold it: a short tail of the index.
             tail = st.chunks[r.partition].committed_since(r.written_ms - 1000)
-            if np.any((tail["seq"] == r.seq) & (tail["pos"] == r.pos)):
+            same = tail[(tail["seq"] == r.seq) & (tail["pos"] == r.pos)]
+            if len(same):
+                if int(same["len"][0]) != r.length or int(same["crc"][0]) != r.checksum:
+                    # The place was reused after this chunk was written (its segment's
+                    # uncommitted tail was recovered and appended to again): the chunk's bytes
+                    # are gone, and skipping it would drop its records silently.
+                    raise CommitConflict(
+                        f"topic {self.name!r}: segment {segment_id(r.partition, r.seq)} "
+                        f"holds another committed chunk at {r.pos}; this chunk was overwritten "
+                        "before it was committed: write the batch again")
                 log.info("topic %s: chunk %s@%d already committed", self.name,
                          segment_id(r.partition, r.seq), r.pos)
                 continue
