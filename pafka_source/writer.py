@@ -162,10 +162,10 @@ class _Writing:
         spread = 1 if self.opts.key is not None else topic.partitions
 
         def write(p: int | None, batches: list[pa.RecordBatch]) -> list[ChunkRef]:
-            # One record batch per chunk: readers then hand Spark a few big batches instead
-            # of many slices of Spark's 10,000-row ones (a copy here, at memory speed, saves
-            # per-batch overhead on every read).
-            table = pa.Table.from_batches(batches).combine_chunks()
+            # The store joins the slices into one record batch per chunk as it writes them,
+            # without a copy: readers then hand Spark a few big batches instead of many
+            # slices of Spark's 10,000-row ones.
+            table = pa.Table.from_batches(batches)
             return topic.write_chunks(table, partition=p, key=self.opts.key,
                                       timestamp_column=self.opts.timestamp_column,
                                       durable=False)

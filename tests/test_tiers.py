@@ -5,6 +5,7 @@ import signal
 import subprocess
 import textwrap
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -153,7 +154,9 @@ class TierContract:
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
-def test_a_chunk_gathered_from_its_batches_is_byte_for_byte_its_encoding(compression):
+def test_a_chunk_gathered_from_its_batches_is_byte_for_byte_their_joined_encoding(compression):
+    """Several batches become one record batch; gathered from the batches' own buffers where
+    a column has no nulls, the bytes are those of encoding the joined batch."""
     import datetime
     import decimal
 
@@ -166,16 +169,40 @@ def test_a_chunk_gathered_from_its_batches_is_byte_for_byte_its_encoding(compres
         "day": [datetime.date(2024, 1, 1)] * 3, "ok": [True, None, False],
         "l": [[1, 2], None, []], "st": [{"x": 1, "y": "a"}, None, {"x": None, "y": None}],
         "m": pa.array([[("k", 1)], None, []], pa.map_(pa.string(), pa.int64())),
+        # without nulls: gathered with no copy
+        "i": pa.array([7, -1, 3], pa.int32()), "u": ["x", "", "yy" * 40],
+        "lb": pa.array([b"", b"\x01", b"ab"], pa.large_binary()),
+        "fb": pa.array([b"abc", b"def", b"ghi"], pa.binary(3)),
+        "dec": pa.array([decimal.Decimal("-3.5")] * 3, pa.decimal128(30, 1)),
+        "empty": pa.array(["", "", ""]),
     })
-    batches = t.slice(1).to_batches() + t.to_batches()  # a sliced batch: offsets not at 0
+    # Sliced batches (offsets not at 0) and an empty one.
+    batches = t.slice(1).to_batches() + t.to_batches() + t.slice(0, 0).to_batches() + \
+        t.slice(1, 1).to_batches()
     c = EncodedChunk.of(batches, t.schema, compression)
     joined = b"".join(bytes(memoryview(p)) for p in c.pieces())
     assert len(joined) == c.size
     from tier_store.chunk import _encode, checksum_pieces
-    assert joined == _encode(batches, t.schema, compression).to_pybytes()
+    one = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    assert len(one) == 1
+    assert joined == _encode(one, t.schema, compression).to_pybytes()
     assert checksum_pieces(c.pieces()) == checksum(joined)
-    got = pa.Table.from_batches(list(read_chunk(pa.py_buffer(joined), "test")))
-    assert got.equals(pa.Table.from_batches(batches))
+    written = pa.allocate_buffer(c.size)
+    c.write_into(written)
+    assert written.to_pybytes() == joined
+    (got,) = read_chunk(pa.py_buffer(joined), "test")
+    assert got.equals(one[0])
+
+
+def test_a_gathered_chunk_writes_from_the_batches_own_memory():
+    parts = [pa.record_batch({"k": pa.array(np.arange(i * 1000, i * 1000 + 1000)),
+                              "v": pa.array([b"x" * 50] * 1000)}).slice(10, 900)
+             for i in range(3)]
+    c = EncodedChunk.of(parts, parts[0].schema, "none")
+    addresses = {pa.py_buffer(p).address for p in c.pieces() if len(p) >= 900 * 8}
+    for b in parts:
+        assert b.column(0).buffers()[1].address + 10 * 8 in addresses
+        assert b.column(1).buffers()[2].address + 10 * 50 in addresses
 
 
 def _spec(n, typ, path, size):
