@@ -1,9 +1,11 @@
 """The tier contract, one suite that every tier joins, plus what is particular to each."""
 
+import mmap
 import os
 import signal
 import subprocess
 import textwrap
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +14,7 @@ import pytest
 from tier_store import PmemUnavailable, Store, StoreFull
 from tier_store.chunk import EncodedChunk, checksum, read_chunk
 from tier_store.config import TierSpec
-from tier_store.segment import HEADER_SIZE, align
+from tier_store.segment import HEADER_SIZE, SegmentHeader, align
 from tier_store.tiers import FileTier, PmemTier
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
@@ -276,6 +278,60 @@ class TestPmemTier(TierContract):
     def test_a_chunk_larger_than_a_pool_file_does_not_fit(self, tier):
         assert tier.create_segment("t", 0, 0, SEG) is None
 
+    def test_header_words_are_never_seen_half_written_by_another_process(self, tier):
+        # The migration planner reads the active segment's header without the partition
+        # lock while a writer in another process advances `end` (and a roll seals a sealed
+        # segment again): it must see the old word or the new one. struct.pack_into
+        # zero-filled the word first, and the planner failed on "end 0".
+        w = tier.create_segment("t", 0, 0, 100)
+        w.seal()
+        w.close()
+        path = tier.segment_path("t", 0, 0)
+        ends = (HEADER_SIZE + 64, HEADER_SIZE + 128)
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            pytest.skip("needs two CPUs: the reader must run while the writer updates")
+        code = textwrap.dedent(f"""
+            import os, time
+            from tier_store.tiers.pmem import PmemSegmentWriter
+            os.sched_setaffinity(0, {{{cpus[1]}}})
+            w = PmemSegmentWriter({path!r})
+            w.set_end({ends[0]}, durable=False)
+            print("ready", flush=True)
+            stop = time.monotonic() + 60  # killed long before, unless the test died
+            while time.monotonic() < stop:
+                for end in {ends!r}:
+                    w.set_end(end, durable=False)
+                    w.seal(durable=False)
+        """)
+        child = subprocess.Popen([PYTHON, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        # Until this many updates were seen between two reads: the two processes must run
+        # side by side for a while, which a loaded machine may take long to grant.
+        changes, last, seen = 0, 0, set()
+        # Each process on a CPU of its own, so that they overlap even on a busy machine.
+        os.sched_setaffinity(0, {cpus[0]})
+        try:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+            deadline = time.monotonic() + 15
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), HEADER_SIZE,
+                                                  prot=mmap.PROT_READ) as m:
+                while changes < 20_000 and time.monotonic() < deadline:
+                    assert child.poll() is None, child.stderr.read()[-2000:]
+                    for _ in range(1000):
+                        # CorruptSegment on an `end` inside the header.
+                        h = SegmentHeader.unpack(m[:48], path)
+                        seen.add((h.end, h.sealed))
+                        changes += h.end != last
+                        last = h.end
+        finally:
+            os.sched_setaffinity(0, cpus)
+            child.kill()
+            child.communicate()
+        assert seen <= {(end, True) for end in ends}, seen
+        if changes < 20_000:
+            pytest.skip(f"the writer and reader processes hardly ran side by side ({changes} "
+                        "updates seen)")
 
 def test_a_crash_while_preallocating_the_pool_is_completed_by_the_next_open(tmp_path,
                                                                          shm_dir):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,18 @@ class PmemMapping:
         if pos < 0 or pos + size > self.length:
             raise ValueError(f"range [{pos}, {pos + size}) outside mapping of {self.length}")
         return self._ffi.buffer(self._ffi.cast("char *", self.addr) + pos, size)
+
+    def store_word(self, pos: int, data: bytes) -> None:
+        """Write the 8 bytes ``data`` at the 8-aligned ``pos`` with one aligned 8-byte store,
+        so that a process reading the file meanwhile sees the old word or the new one,
+        never a mix. Not ``struct.pack_into``: it zero-fills its target before packing, and
+        a reader in between saw a header word of 0."""
+        if len(data) != 8 or pos % 8 or pos < 0 or pos + 8 > self.length:
+            raise ValueError(f"word store of {len(data)} bytes at {pos} is not one aligned "
+                             f"word inside the mapping of {self.length}")
+        word = self._ffi.cast("uint64_t *", self._ffi.cast("char *", self.addr) + pos)
+        # The native integer whose bytes in memory are `data`, whatever the byte order.
+        word[0] = int.from_bytes(data, sys.byteorder)
 
     def flush(self, pos: int, size: int) -> None:
         """Make ``[pos, pos + size)`` durable."""

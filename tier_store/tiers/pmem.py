@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -95,7 +94,10 @@ class PmemSegmentWriter(SegmentWriter):
         return crc
 
     def _set_word(self, offset: int, value: int) -> None:
-        struct.pack_into("<Q", self._map.buffer(offset, 8), 0, value)
+        # One aligned store: the migration planner and moves read the active segment's
+        # header without the partition lock, from other processes, and must see the old
+        # `end` (or `sealed`) or the new one, never 0 in between.
+        self._map.store_word(offset, WORD.pack(value))
 
     def set_end(self, end: int, durable: bool = True) -> None:
         self._set_word(END_OFFSET, end)
