@@ -281,6 +281,25 @@ def tree_cpu() -> dict[str, float]:
     return out
 
 
+DEVICE: list[str] = []  # /sys stat file of the block device holding the benchmark's data
+
+
+def use_device_of(path: str) -> None:
+    """Account the device that holds ``path``: what reached it during each timed run."""
+    st = os.stat(path)
+    stat = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+    DEVICE[:] = [stat] if os.path.exists(stat) else []
+
+
+def device_stat() -> dict[str, float]:
+    """MB written to the data's device and the time it was busy (s), since boot."""
+    if not DEVICE:
+        return {"dev_mb": float("nan"), "dev_busy": float("nan")}
+    with open(DEVICE[0]) as f:
+        v = f.read().split()
+    return {"dev_mb": int(v[6]) * 512 / 1e6, "dev_busy": int(v[9]) / 1000}
+
+
 def rounds(fns: dict[str, Callable[[int], float]], repeat: int) -> dict[str, list[float]]:
     """Round 0 (warm-up) and ``repeat`` timed rounds, each running every function once;
     before each timed run, wait a little for other processes on the machine to go quiet."""
@@ -289,9 +308,9 @@ def rounds(fns: dict[str, Callable[[int], float]], repeat: int) -> dict[str, lis
         for k, fn in fns.items():
             if i:
                 wait_quiet(QUIET_CORES)
-            before = tree_cpu()
+            before = tree_cpu() | device_stat()
             others = others_cores(lambda k=k, fn=fn, i=i: out[k].append(fn(i)))
-            after = tree_cpu()
+            after = tree_cpu() | device_stat()
             if i:
                 CPU.setdefault(k, []).append({m: after[m] - before[m] for m in after})
                 OTHERS.setdefault(k, []).append(others)
@@ -623,7 +642,8 @@ def cpu_rows(rows: int) -> list[str]:
         def m(key: str, runs: list[dict[str, float]] = runs) -> float:
             return statistics.median(r[key] for r in runs) * scale
         out.append(f"| {k} | {m('jvm_user'):.1f} + {m('jvm_sys'):.1f} s | {m('py_user'):.1f} + "
-                   f"{m('py_sys'):.1f} s | {m('py_faults'):,.0f} |")
+                   f"{m('py_sys'):.1f} s | {m('py_faults'):,.0f} | {m('dev_mb'):,.0f} MB | "
+                   f"{m('dev_busy'):.2f} s |")
     return out
 
 
@@ -653,6 +673,9 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         runs = CPU.get(k) or [{f"{side}_user": float("nan"), f"{side}_sys": 0.0}]
         return statistics.median(c[f"{side}_user"] + c[f"{side}_sys"] for c in runs) * (
             10_000_000 / rows)
+
+    def dev(k: str, key: str) -> float:
+        return statistics.median(c[key] for c in CPU[k])
 
     def jvm_cpu(k: str) -> float:
         return cpu_of(k, "jvm")
@@ -771,7 +794,8 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "the JVM and of Spark's Python workers; a Python worker that exits between samples is "
         "missed, so small figures are approximate):", "",
         "| path | JVM user + sys | Python workers user + sys | Python workers' minor page "
-        "faults |", "|---|---|---|---|",
+        "faults | written to the data's disk during the run | the disk busy |",
+        "|---|---|---|---|---|---|",
         *cpu_rows(rows),
         "",
         "The source ceiling is a Python data source defined in the script: `read()` builds one "
@@ -804,11 +828,16 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "once, at its end, before the driver commits. What is left over the drop-everything "
         "sink is the kernel's work on 1.2 GB (the copy into the page cache and the writeback: "
         f"{py_cpu('pafka sink'):.1f} s of CPU in the Python workers per 10M rows, against "
-        f"{py_cpu('null sink'):.1f} s for the drop-everything sink) and the disk itself: "
-        "`dd` of 1.2 GB took 3.1–4.8 s here with fdatasync and 2.6–2.7 s with O_DIRECT, and "
-        "with the JVM's share cut by more than half, that device time is most of the "
-        "sink's time. Parquet writes into the page cache and never syncs; the fsynced "
-        "Parquet row is what the "
+        f"{py_cpu('null sink'):.1f} s for the drop-everything sink) and the disk itself. "
+        f"During each of its timed runs the pafka sink put {dev('pafka sink', 'dev_mb'):,.0f} "
+        f"MB on the disk, which was busy {dev('pafka sink', 'dev_busy'):.2f} s of the run's "
+        f"{med['pafka sink']:.2f} s (medians), that is "
+        f"{dev('pafka sink', 'dev_mb') / dev('pafka sink', 'dev_busy'):,.0f} MB/s while busy; "
+        "the disk cannot be faster than that, and the sink's time cannot fall below the "
+        "disk's time by more than the part of the run before the first chunk is due. "
+        f"Parquet's runs put {dev('parquet sink', 'dev_mb'):,.0f} MB there: it writes into "
+        "the page cache and never syncs, and each run's files are deleted before the "
+        "kernel's writeback would have reached them. The fsynced Parquet row is what the "
         "same guarantee costs it. O_DIRECT (`log.file.direct.bytes`) removes the copy but "
         "not the device time, and is off by default: readers of fresh data then read from "
         "the device (`bench/store_bench.py`'s read right after the write fell to 0.06× plain "
@@ -868,6 +897,7 @@ def main() -> None:
     rows = args.rows
     data = os.path.join(args.data, f"spark-{uuid.uuid4().hex[:8]}")
     os.makedirs(data)
+    use_device_of(data)
     spark = make_session()
     try:
         print(f"{rows:,} rows under {data}", flush=True)
