@@ -1,8 +1,10 @@
 """Chunks: the records of one append to one partition, as one self-contained Arrow IPC stream.
 
 A chunk holds the schema, its record batches and the end-of-stream marker, so it can be read
-zero-copy from a memory map knowing only its byte range. Its checksum is xxh3-64 over those
-bytes, computed when it is written.
+zero-copy from a memory map knowing only its byte range. The batches of one append are written
+as one record batch (gathered from their buffers without a copy where it can be), so readers
+get big batches whatever size the writer's were; readers take any number. Its checksum is
+xxh3-64 over those bytes, computed when it is written.
 """
 
 from __future__ import annotations
