@@ -116,6 +116,7 @@ class MigrationService:
         # (topic, segment id, tier) -> (time.monotonic() to plan it again at, back-off in s)
         self._unreadable: dict[tuple[str, str, int], tuple[float, float]] = {}
         self._unreadable_lock = threading.Lock()
+        self._reopened: Store | None = None  # a handle this service opened (and closes)
 
     # -- configuration ----------------------------------------------------------------------
     def band(self) -> tuple[float, float]:
@@ -151,6 +152,7 @@ class MigrationService:
     def run_once(self) -> list[MoveResult]:
         """Seal idle segments, plan, move, reclaim; returns the moves made."""
         with self._lock:
+            self._follow_relocation()
             low, _ = self.band()
             if low < 0:
                 return []
@@ -176,6 +178,18 @@ class MigrationService:
             self.stats.tiers = self.store.tier_usage()
             self._save_stats(done)
             return done
+
+    def _follow_relocation(self) -> None:
+        """After ``pafka relocate`` moved a tier, this handle's writes to the old place would
+        be refused on every run: open the store again, on the tiers' new places."""
+        if not self.store.relocated():
+            return
+        log.info("a tier of the store at %s was relocated: the migration service opens the "
+                 "store again", self.store.root)
+        old, self.store = self.store, self.store.reopen()
+        if old is self._reopened:
+            old.close()
+        self._reopened = self.store
 
     def _execute(self, moves: list[Move]) -> list[MoveResult]:
         if not moves:

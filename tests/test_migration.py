@@ -10,7 +10,7 @@ import pytest
 from migration import MigrationService
 from migration.policy import SegmentView, TierView, plan_moves
 from migration.service import read_stats
-from tier_store import DataLoss, Store
+from tier_store import DataLoss, Store, relocate_tier
 from tier_store.moves import seal_idle
 
 from .conftest import SCHEMA, make_batch, read_all
@@ -170,6 +170,28 @@ def test_service_promotes_the_newest_when_tier_one_is_below_threshold(tmp_path, 
     up = [x for x in segs if x.tier == 1]
     assert min(x.base_offset for x in up) >= max(x.end_offset for x in segs if x.tier == 2)
     assert read_all(s2.topic("t"), 0) == list(range(24000))
+
+
+def test_a_running_service_follows_a_relocated_tier(tmp_path, shm_dir):
+    s = _store(tmp_path, shm_dir)
+    t = s.create_topic("t", SCHEMA)
+    for i in range(120):
+        t.append(make_batch(i * 200, 200))
+    svc = MigrationService(s)
+    assert svc.run_once()
+    on_disk = len(os.listdir(tmp_path / "store" / "tier-2" / "t" / "0"))
+    # Tier 2's directory moves while the service has the store open.
+    os.rename(tmp_path / "store" / "tier-2", tmp_path / "hdd")
+    relocate_tier(tmp_path / "store", 2, str(tmp_path / "hdd"))
+    t2 = Store.open(s.root).topic("t")
+    for i in range(120, 180):
+        t2.append(make_batch(i * 200, 200))
+    done = svc.run_once()
+    assert done and all(r.to_tier == 2 for r in done)
+    assert svc.store is not s and not svc.store.relocated() and s.relocated()
+    assert len(os.listdir(tmp_path / "hdd" / "t" / "0")) > on_disk
+    assert not (tmp_path / "store" / "tier-2").exists()
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(36000))
 
 
 def test_two_services_at_once_never_both_move_a_segment(tmp_path, shm_dir):

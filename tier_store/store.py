@@ -137,7 +137,7 @@ class Store:
         with file_lock(lock, shared=True):
             saved = read_saved(root)
             if saved is not None and saved.get("id") is not None:
-                return cls(root, *_open_saved(root, saved, given))._opened(saved)
+                return cls(root, *_open_saved(root, saved, given))._opened(saved, given)
         # Made (or, made by a release without ids, given one) under the exclusive lock: two
         # processes creating one store must not claim its tiers against each other.
         with file_lock(lock):
@@ -150,11 +150,22 @@ class Store:
             saved = read_saved(root)
             if saved is None:
                 raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
-            return cls(root, *_open_saved(root, saved, given))._opened(saved)
+            return cls(root, *_open_saved(root, saved, given))._opened(saved, given)
 
-    def _opened(self, saved: dict[str, Any]) -> Store:
+    def _opened(self, saved: dict[str, Any], given: dict[str, Any]) -> Store:
         self._relocations = relocations(saved)
+        self._given = given
         return self
+
+    def relocated(self) -> bool:
+        """Whether a tier was relocated since this handle opened the store: its commits and
+        moves of data written to that tier are then refused; :meth:`reopen` gives a handle
+        on the tiers' new places."""
+        return [n for n, _ in self._saved_relocations()] != self._relocations
+
+    def reopen(self) -> Store:
+        """A new handle on this store, opened with the settings this one was given."""
+        return Store.open(self.root, dict(getattr(self, "_given", {})))
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, tiers={self.tiers})"
