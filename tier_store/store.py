@@ -113,6 +113,7 @@ class Store:
         self._lock = threading.RLock()
         # Each tier's relocation count when this handle was opened (set by open()).
         self._relocations = [0] * len(tiers)
+        self._given: dict[str, Any] = {}  # the settings open() was given (for reopen)
         # (inode, mtime, ctime, size) of _store.json when _saved was read from it.
         self._saved_stamp: tuple[int, int, int, int] | None = None
         self._saved: list[tuple[int, str]] | None = None
@@ -165,7 +166,7 @@ class Store:
 
     def reopen(self) -> Store:
         """A new handle on this store, opened with the settings this one was given."""
-        return Store.open(self.root, dict(getattr(self, "_given", {})))
+        return Store.open(self.root, dict(self._given))
 
     def __repr__(self) -> str:
         return f"Store({self.root!r}, tiers={self.tiers})"
