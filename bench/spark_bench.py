@@ -837,9 +837,11 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "the sink's time cannot fall below the disk's busy time by more than the part of "
         "the run before its first chunk is due. "
         f"Parquet's runs put {dev('parquet sink', 'dev_mb'):,.0f} MB there: it writes into "
-        "the page cache and never syncs, and each run's files are deleted before the "
-        "kernel's writeback would have reached them. The fsynced Parquet row is what the "
-        "same guarantee costs it. O_DIRECT (`log.file.direct.bytes`) removes the copy but "
+        "the page cache and never syncs" + (
+            ", and each run's files are deleted before the kernel's writeback would have "
+            "reached them" if dev('parquet sink', 'dev_mb') < 1 else
+            "; the kernel's writeback ran during some runs") + ". The fsynced Parquet row is "
+        "what the same guarantee costs it. O_DIRECT (`log.file.direct.bytes`) removes the copy but "
         "not the device time, and is off by default: readers of fresh data then read from "
         "the device (`bench/store_bench.py`'s read right after the write fell to 0.06× plain "
         "IPC with it). The pmem row is the product's fast tier: chunks written into a "
