@@ -252,6 +252,38 @@ class TestFileTierDirect(TierContract):
             assert b.column(0).to_pylist() == list(range(first, first + n))
 
 
+    def test_direct_scratch_sits_on_huge_pages(self):
+        # A direct write's request holds at most max_segments memory pieces (254 on
+        # virtio-blk): 4 KiB pages cap it near 1 MiB, huge pages let it reach the device's
+        # largest request.
+        import ctypes
+
+        from tier_store.tiers.file import HUGE, _Scratch
+
+        scratch = _Scratch(8 * 1024 * 1024)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(scratch.view))
+        assert addr % HUGE == 0 and len(scratch) == 8 * 1024 * 1024
+        scratch.view[:] = b"x" * len(scratch)
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+                thp = f.read()
+        except OSError:
+            pytest.skip("no transparent huge pages on this kernel")
+        if "[never]" in thp:
+            pytest.skip("transparent huge pages are disabled")
+        huge_kb = 0
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split()[0]
+                if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= addr < hi
+                elif inside and head == "AnonHugePages:":
+                    huge_kb = int(line.split()[1])
+        assert huge_kb >= 2048, "the scratch mapping got no huge page"
+
+
 class TestPmemTier(TierContract):
     on_shm = True
 

@@ -12,9 +12,10 @@ little left to do: at the end of a task, waiting for the device was most of what
 With ``log.file.direct.bytes`` set, big chunks go past the page cache (``O_DIRECT``):
 copying them into it is the largest CPU cost of a durable append on some machines, and the
 write is flushed at once anyway; readers of those chunks then read from the device.
-Direct I/O needs whole aligned blocks, so the chunk is encoded into a page-aligned scratch
-mapping at its offset within its first block; that first, shared block is written through
-the page cache and the rest directly, so the layout on disk is the same either way.
+Direct I/O needs whole aligned blocks, so the chunk is encoded into a scratch mapping (on
+huge pages, so the device gets large requests) at its offset within its first block; that
+first, shared block is written through the page cache and the rest directly, so the layout
+on disk is the same either way.
 Where the file system refuses ``O_DIRECT`` (older tmpfs), chunks go through the page cache.
 """
 
@@ -100,21 +101,45 @@ def start_writeback(fd: int, pos: int, size: int) -> None:
 
 
 BLOCK = 4096  # the alignment O_DIRECT asks for on every common device
+HUGE = 2 * 1024 * 1024  # a transparent huge page on x86-64 and arm64 (4k base pages)
 _scratch = threading.local()
 
 
 SCRATCH_KEPT = 64 * 1024 * 1024  # a bigger (oversized) chunk gets a mapping of its own
 
 
-def _scratch_buffer(size: int) -> mmap.mmap:
+class _Scratch:
+    """A private anonymous mapping whose view starts on a huge-page boundary and which asks
+    for transparent huge pages. A direct write's pages go to the device as they lie in
+    memory, and a request holds at most ``max_segments`` of them (254 on virtio-blk): from
+    4 KiB pages a request carries at most ~1 MiB, from 2 MiB pages the device's largest
+    request (measured here: 0.55 MiB requests at 250-350 MB/s, 4 MiB requests at
+    460-520 MB/s on the same disk)."""
+
+    def __init__(self, size: int):
+        self.map = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self.map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # huge pages disabled: 4 KiB pages work, in smaller requests
+                pass
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        lead = -base % HUGE
+        self.view = memoryview(self.map)[lead:lead + size]
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+
+def _scratch_buffer(size: int) -> memoryview:
     """A page-aligned buffer of at least ``size`` bytes, reused by this thread (its pages
     stay mapped, so encoding into it takes no page faults)."""
     if size > SCRATCH_KEPT:
-        return mmap.mmap(-1, size)
+        return _Scratch(size).view
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < size:
-        buf = _scratch.buf = mmap.mmap(-1, max(size, 4 * 1024 * 1024))
-    return buf
+        buf = _scratch.buf = _Scratch(max(size, 4 * 1024 * 1024))
+    return buf.view
 
 
 class FileSegmentWriter(SegmentWriter):
@@ -159,8 +184,7 @@ class FileSegmentWriter(SegmentWriter):
         lead = pos % BLOCK
         end = lead + chunk.size
         total = -(-end // BLOCK) * BLOCK
-        buf = _scratch_buffer(total)
-        view = memoryview(buf)
+        view = _scratch_buffer(total)
         # Laid out as in the file from the block holding `pos`, so that the direct part
         # starts at an aligned address.
         chunk.write_into(pa.py_buffer(view[lead:end]))
