@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .errors import PafkaError
 
@@ -80,7 +79,7 @@ def hash_keys(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
                 "float, boolean, date or timestamp column"
             )
     if column.null_count:
-        h[pc.is_null(column).to_numpy(zero_copy_only=False)] = 0
+        h[column.is_null().to_numpy(zero_copy_only=False)] = 0
     return h
 
 
@@ -93,5 +92,5 @@ def partition_of(column: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndar
     h = hash_keys(column)
     parts = (h % np.uint64(partitions)).astype(np.int64)
     if column.null_count:
-        parts[pc.is_null(column).to_numpy(zero_copy_only=False)] = 0
+        parts[column.is_null().to_numpy(zero_copy_only=False)] = 0
     return parts

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .chunk import EncodedChunk
 from .commit_log import CommitLog
@@ -789,6 +788,8 @@ def _time_range(chunk: EncodedChunk, column: str) -> tuple[int | None, int | Non
     elif not pa.types.is_integer(t):
         raise PafkaError(f"timestamp column {column!r} must be a timestamp, date or integer "
                          f"(milliseconds) column, not {t}")
+    import pyarrow.compute as pc  # here: importing it costs every process ~60 ms
+
     mm = pc.min_max(col)
     lo, hi = mm["min"].as_py(), mm["max"].as_py()
     return (None if lo is None else int(lo)), (None if hi is None else int(hi))
