@@ -1,7 +1,7 @@
 """The ``pafka`` source: batch and streaming readers over topics of a tier store.
 
 Planning runs on the driver, where the commit log is held and refreshed incrementally; each
-Spark partition carries a :class:`~tier_store.reading.ReadPlan` (files, byte ranges, offsets),
+Spark partition carries :class:`~tier_store.reading.ReadPlan` s (files, byte ranges, offsets),
 so executors only map files and slice Arrow batches — they never read the commit log.
 
 Streaming positions are Kafka's: ``{"<topic>": {"<partition>": <next offset>}}`` with partitions
@@ -46,16 +46,21 @@ log = logging.getLogger(__name__)
 
 Offsets = dict[str, dict[str, int]]
 SPARK_BATCH_ROWS = 65_536
+# Ranges of fewer records than this share Spark partitions, up to this many records each: a
+# task costs a scheduling and a Python worker round trip whatever it reads, and that was
+# most of what a small micro-batch spread over every topic partition cost.
+PACK_RECORDS = 65_536
 
 
 @dataclass
 class PafkaPartition(InputPartition):
-    """One Spark partition: a planned offset range of one topic partition."""
+    """One Spark partition: planned offset ranges, each of one topic partition (several
+    only when they are small)."""
 
-    plan: ReadPlan
+    plans: tuple[ReadPlan, ...]
 
-    def __init__(self, plan: ReadPlan):  # InputPartition's own __init__ takes a value
-        self.plan = plan
+    def __init__(self, *plans: ReadPlan):  # InputPartition's own __init__ takes a value
+        self.plans = plans
         self.value = None
 
 
@@ -254,15 +259,33 @@ class _Planning:
             step = -(-(e - s) // n)
             for lo in range(s, e, step):
                 pieces.append((t, p, lo, min(e, lo + step)))
-        return [PafkaPartition(t.plan_read(p, s, e)) for t, p, s, e in pieces]
+        # minPartitions asks for parallelism: its pieces stay apart however small.
+        pack = 0 if self.opts.min_partitions else min(cap, PACK_RECORDS)
+        out: list[PafkaPartition] = []
+        small: list[ReadPlan] = []
+        small_records = 0
+        for t, p, s, e in pieces:
+            plan = t.plan_read(p, s, e)
+            if e - s >= pack:
+                out.append(PafkaPartition(plan))
+                continue
+            if small_records + e - s > pack:
+                out.append(PafkaPartition(*small))
+                small, small_records = [], 0
+            small.append(plan)
+            small_records += e - s
+        if small:
+            out.append(PafkaPartition(*small))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, PafkaPartition):
             # A batch read with nothing to read: partitions() returned [] and PySpark planned
             # one InputPartition(None) in its place.
             return iter(())
-        return read_plan(partition.plan, self.target, self.opts.include_metadata,
-                         self.opts.verify, self.opts.fail_on_data_loss)
+        return (b for plan in partition.plans
+                for b in read_plan(plan, self.target, self.opts.include_metadata,
+                                   self.opts.verify, self.opts.fail_on_data_loss))
 
 
 class PafkaBatchReader(_Planning, DataSourceReader):

@@ -111,8 +111,11 @@ def test_batch_offsets_outside_the_log_fail_at_planning_naming_the_range(root):
     ]
     for options, message in cases:
         raises(lambda options=options: batch_partitions(root, topic="t", **options), message)
-    assert len(batch_partitions(root, topic="t", startingOffsets='{"t": {"0": 5}}',
-                                endingOffsets='{"t": {"0": 5, "1": 7}}')) == 2
+    (part,) = batch_partitions(root, topic="t", startingOffsets='{"t": {"0": 5}}',
+                               endingOffsets='{"t": {"0": 5, "1": 7}}')
+    # Partition 2, which endingOffsets does not name, is read to its latest offset.
+    assert [(p.partition, p.start, p.end) for p in part.plans] == [
+        (1, 0, 7), (2, 0, Store.open(root).topic("t").latest_offsets()[2])]
 
 
 def test_streaming_position_beyond_the_latest_offset_is_data_loss(root, caplog):
@@ -265,3 +268,37 @@ def test_partitions_option_cannot_resize_an_existing_topic(root):
     _sink(root, fields, topic="t", partitions="3")
     assert Store.open(root).topic("t").partitions == 3
     assert os.path.exists(os.path.join(root, "_store.json"))
+
+
+def test_small_ranges_share_spark_partitions_and_big_ones_stay_apart(spark, root, monkeypatch):
+    import pafka_source.reader as reader
+
+    def spans(parts):
+        return [[(p.partition, p.start, p.end) for p in part.plans] for part in parts]
+
+    latest = Store.open(root).topic("t").latest_offsets()
+    assert min(latest.values()) > 10  # each partition holds records of the fixture
+    everything = sorted((p, 0, n) for p, n in latest.items())
+    # All three ranges are small: one task reads them, one after the other.
+    (whole,) = spans(batch_partitions(root, topic="t"))
+    assert sorted(whole) == everything
+    # minPartitions asks for parallelism: pieces stay apart.
+    apart = spans(batch_partitions(root, topic="t", minPartitions="6"))
+    assert len(apart) >= 6 and all(len(plans) == 1 for plans in apart)
+    # A cap on records per Spark partition holds for packed partitions too.
+    capped = spans(batch_partitions(root, topic="t", maxRecordsPerPartition="40"))
+    assert all(sum(e - s for _, s, e in plans) <= 40 for plans in capped)
+    assert sorted(x for plans in capped for x in plans) == sorted(
+        (p, lo, min(n, lo + step)) for p, n in latest.items()
+        for step in [-(-n // -(-n // 40))] for lo in range(0, n, step))
+    # Ranges at or above the packing size each get their own.
+    monkeypatch.setattr(reader, "PACK_RECORDS", min(latest.values()))
+    assert sorted(spans(batch_partitions(root, topic="t"))) == [[r] for r in everything]
+    monkeypatch.undo()
+    # Through Spark: every record once, with its own partition and offset.
+    df = spark.read.format("pafka").option("topic", "t").option("includeMetadata", "true") \
+        .load(root)
+    assert df.rdd.getNumPartitions() == 1
+    got = sorted((r["_partition"], r["_offset"]) for r in df.select("_partition", "_offset")
+                 .collect())
+    assert got == [(p, o) for p, n in sorted(latest.items()) for o in range(n)]
