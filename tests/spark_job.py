@@ -41,8 +41,9 @@ def cluster(root: str) -> None:
         "id as key", "id * 10 as ts", "cast(id as string) as value")
     df.write.format("pafka").option("topic", "c").option("partitions", 4).mode("append") \
         .save(root)
+    # minPartitions: ranges this small would otherwise share one task.
     back = spark.read.format("pafka").option("topic", "c").option("includeMetadata", "true") \
-        .load(root)
+        .option("minPartitions", 4).load(root)
     # The executors that read must be two distinct processes.
     pids = back.rdd.mapPartitions(lambda _: [os.getpid()]).distinct().count()
     total = back.selectExpr("sum(key)", "count(*)").first()
