@@ -657,6 +657,11 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         return statistics.median(p / o for p, o in zip(times[peer][1:], times[ours][1:],
                                                        strict=True))
 
+    def rounds_of(peer: str, ours: str) -> str:
+        """Each timed round's ratio, to show how far single rounds stray from the median."""
+        return " / ".join(f"{p / o:.2f}" for p, o in zip(times[peer][1:], times[ours][1:],
+                                                         strict=True))
+
     def row(label: str, k: str, extra: str = "") -> str:
         runs = " / ".join(f"{v:.2f}" for v in times[k][1:])
         others = " / ".join(f"{v:.1f}" for v in OTHERS.get(k, []))
@@ -764,10 +769,12 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         f"{src['batch_rows']:,.0f} rows on average, which is what the pafka reads yield.", "",
         "| ratio (peer time / pafka time, > 1: pafka faster) | value | target |",
         "|---|---|---|",
-        f"| pafka sink vs Parquet sink | {r['sink']:.3f}× | ≥ {TARGETS['sink']}×: "
+        f"| pafka sink vs Parquet sink (rounds: {rounds_of('parquet sink', 'pafka sink')}) "
+        f"| {r['sink']:.3f}× | ≥ {TARGETS['sink']}×: "
         f"{verdict(r['sink'] >= TARGETS['sink'])} |",
         f"| the same at Spark's default `maxBytesPerBatch` | {r['default']:.2f}× | — |",
-        f"| the same, chunks written with O_DIRECT | {r['direct']:.2f}× | — |",
+        "| the same, chunks written with O_DIRECT (rounds: "
+        f"{rounds_of('parquet sink', 'pafka sink direct')}) | {r['direct']:.2f}× | — |",
         f"| pafka batch source vs the ceiling | {r['b_ceil']:.2f}× | ≥ {TARGETS['source']}×: "
         f"{verdict(r['b_ceil'] >= TARGETS['source'])} |",
         f"| pafka streaming source vs the ceiling's stream reader (start to end) | "

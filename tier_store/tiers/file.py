@@ -132,8 +132,8 @@ class _Scratch:
 
 
 def _scratch_buffer(size: int) -> memoryview:
-    """A page-aligned buffer of at least ``size`` bytes, reused by this thread (its pages
-    stay mapped, so encoding into it takes no page faults)."""
+    """A huge-page-aligned buffer of at least ``size`` bytes, reused by this thread (its
+    pages stay mapped, so encoding into it takes no page faults)."""
     if size > SCRATCH_KEPT:
         return _Scratch(size).view
     buf = getattr(_scratch, "buf", None)
