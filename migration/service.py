@@ -305,11 +305,15 @@ class MigrationService:
             self._stop.wait(interval)
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Stop the thread after the run in progress."""
+        """Stop the thread after the run in progress, and close the handle the service
+        opened itself after a relocation (the one it was given is the caller's)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        with self._lock:
+            if self._reopened is not None:
+                self._reopened.close()
 
     def __enter__(self) -> MigrationService:
         return self.start()

@@ -192,6 +192,10 @@ def test_a_running_service_follows_a_relocated_tier(tmp_path, shm_dir):
     assert len(os.listdir(tmp_path / "hdd" / "t" / "0")) > on_disk
     assert not (tmp_path / "store" / "tier-2").exists()
     assert read_all(Store.open(s.root).topic("t"), 0) == list(range(36000))
+    # Stopping closes the handle the service opened itself (its topics' writers and maps).
+    assert svc.store._topics
+    svc.stop()
+    assert not svc.store._topics
 
 
 def test_two_services_at_once_never_both_move_a_segment(tmp_path, shm_dir):
