@@ -652,15 +652,16 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
     times = {**sink["times"], **src["batch"], **src["stream"]}
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
 
+    def per_round(peer: str, ours: str) -> list[float]:
+        """Peer time / our time in each timed round (> 1: we are faster)."""
+        return [p / o for p, o in zip(times[peer][1:], times[ours][1:], strict=True)]
+
     def ratio(peer: str, ours: str) -> float:
-        """Median over the timed rounds of peer time / our time (> 1: we are faster)."""
-        return statistics.median(p / o for p, o in zip(times[peer][1:], times[ours][1:],
-                                                       strict=True))
+        return statistics.median(per_round(peer, ours))
 
     def rounds_of(peer: str, ours: str) -> str:
-        """Each timed round's ratio, to show how far single rounds stray from the median."""
-        return " / ".join(f"{p / o:.2f}" for p, o in zip(times[peer][1:], times[ours][1:],
-                                                         strict=True))
+        """Each round's ratio, to show how far single rounds stray from the median."""
+        return " / ".join(f"{x:.2f}" for x in per_round(peer, ours))
 
     def row(label: str, k: str, extra: str = "") -> str:
         runs = " / ".join(f"{v:.2f}" for v in times[k][1:])
@@ -850,8 +851,8 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
             "; the kernel's writeback ran during some runs") + ". The fsynced Parquet row is "
         "what the same guarantee costs it. O_DIRECT (`log.file.direct.bytes`) skips the copy "
         f"into the page cache ({py_cpu('pafka sink direct'):.1f} s of CPU in the Python "
-        "workers) and writes from a scratch mapping on huge pages, so the device gets 4 MiB "
-        "requests (from 4 KiB pages a request holds at most ~1 MiB); the disk was busy "
+        "workers) and writes from a scratch mapping on huge pages, so a chunk reaches the "
+        "device in requests of up to 4 MiB (from 4 KiB pages, at most ~1 MiB); the disk was busy "
         f"{dev('pafka sink direct', 'dev_busy'):.2f} s per run with it, against "
         f"{dev('pafka sink', 'dev_busy'):.2f} s through the page cache. It is off by "
         "default because readers of fresh data then read from the device "
