@@ -9,9 +9,11 @@ invisible holes.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import platform
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -41,6 +43,13 @@ CHUNK_SLACK = 1 / 64
 # Chunks handed to a task's writing thread and not yet written (each up to the size above).
 IN_FLIGHT = 2
 
+# glibc's malloc settings for a writing Python worker: see keep_freed_memory.
+MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024
+MALLOC_TRIM_THRESHOLD = 256 * 1024 * 1024
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_malloc_kept: bool | None = None
+
 _stores: dict[tuple[str, str], tuple[tuple[int, int] | None, Store]] = {}
 _stores_lock = threading.Lock()
 
@@ -67,6 +76,38 @@ def open_store(root: str, config: dict[str, Any]) -> Store:
         s = Store.open(root, config or None)
         _stores[key] = (_identity(root), s)
         return s
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep memory this process frees for its next allocations (once per process).
+
+    A writing task holds up to a few hundred MB of Spark's Arrow batches while they become
+    chunks. By default glibc gives memory that much freed back to the kernel (it trims the top
+    of its heaps past twice its adaptive mmap threshold), so the next batches read from Spark's
+    socket land on pages the kernel must fault in and zero again: about 85,000 faults and 8% of
+    the sink's time per 10M rows of 120 bytes measured here. Buffers of up to
+    ``MALLOC_MMAP_THRESHOLD`` then come from the heap, and up to ``MALLOC_TRIM_THRESHOLD`` free
+    at its top stays there. Left alone where malloc is not glibc's or the process was started
+    with malloc settings of its own (``GLIBC_TUNABLES``, ``MALLOC_*_``). Returns whether the
+    settings were applied."""
+    global _malloc_kept
+    if _malloc_kept is not None:
+        return _malloc_kept
+    _malloc_kept = False
+    own = any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ) or \
+        "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+    if own or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    # The mmap threshold first: setting either one ends glibc's adaptive thresholds.
+    _malloc_kept = bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+                        and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
+    log.debug("glibc malloc keeps freed memory in this worker: %s", _malloc_kept)
+    return _malloc_kept
 
 
 @dataclass
@@ -133,6 +174,7 @@ class _Writing:
         query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
         batch_prop = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
         batch_id = int(batch_prop) if batch_prop is not None else None
+        keep_freed_memory()
         topic = self._topic()
         writing = _ChunkWriting()
         try:
