@@ -28,9 +28,11 @@ markers of RESULTS.md is rewritten; the rest of the file is left as it is.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -329,6 +331,46 @@ def fsync_tree(path: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def free_page_reporting() -> str:
+    """Whether a virtio balloon hands the guest's free pages back to the host (its feature
+    bit 5, VIRTIO_BALLOON_F_REPORTING): "on", "off" or "no balloon"."""
+    found = "no balloon"
+    for f in glob.glob("/sys/bus/virtio/drivers/virtio_balloon/*/features"):
+        with open(f) as fh:
+            bits = fh.read().strip()
+        found = "on" if len(bits) > 5 and bits[5] == "1" else "off"
+    return found
+
+
+def probe_page_cache(data: str, nbytes: int, rounds: int = 2, pause: float = 20.0) -> dict:
+    """CPU seconds to write ``nbytes`` into the page cache from one reused buffer, on memory
+    freed ``pause`` seconds earlier and on memory freed just before: the kernel's copy costs
+    what the pages it is given cost to touch, which on a VM depends on their history."""
+    buf = os.urandom(32 << 20)
+
+    def write(path: str) -> float:
+        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for off in range(0, nbytes, len(buf)):
+                os.pwrite(fd, buf, off)
+        finally:
+            os.close(fd)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_stime - r0
+
+    paused, reused = [], []
+    for _ in range(rounds):
+        os.sync()
+        time.sleep(pause)
+        a, b = os.path.join(data, "probe-a"), os.path.join(data, "probe-b")
+        paused.append(write(a))
+        os.unlink(a)
+        reused.append(write(b))
+        os.unlink(b)
+    return {"bytes": nbytes, "pause": pause, "rounds": rounds, "paused": statistics.median(paused),
+            "reused": statistics.median(reused), "reporting": free_page_reporting()}
 
 
 def dir_bytes(path: str) -> int:
@@ -651,6 +693,7 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
            lat: dict, total_s: float) -> str:
     times = {**sink["times"], **src["batch"], **src["stream"]}
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    pc = sink["page_cache"]
 
     def per_round(peer: str, ours: str) -> list[float]:
         """Peer time / our time in each timed round (> 1: we are faster)."""
@@ -838,6 +881,19 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "sink is the kernel's work on 1.2 GB (the copy into the page cache and the writeback: "
         f"{py_cpu('pafka sink'):.1f} s of CPU in the Python workers per 10M rows, against "
         f"{py_cpu('null sink'):.1f} s for the drop-everything sink) and the disk itself. "
+        "The copy costs what touching the pages the kernel hands out costs, and on this VM "
+        f"that depends on their history: writing the same {pc['bytes'] / 1e6:,.0f} MB into "
+        f"the page cache from one reused buffer took {pc['paused']:.2f} s of CPU on memory "
+        f"freed {pc['pause']:.0f} s before and {pc['reused']:.2f} s on memory freed just "
+        f"before (medians of {pc['rounds']} tries, in this run; the virtio balloon's free "
+        f"page reporting is {pc['reporting']}: memory free for a few seconds goes back to "
+        "the host, and each of its pages is faulted in from the host when next used). "
+        "Every run that writes "
+        "through the page cache, Parquet's included, pays between the two, depending on how "
+        "long before it the memory it is given was freed; that is most of what moves from "
+        "one round to the next. The sink's Python workers keep the memory of the batches "
+        "they have written for the next ones (glibc's trim and mmap thresholds, set once per "
+        "worker), so their own page faults stay few (column *faults*). "
         f"During each of its timed runs the pafka sink put {dev('pafka sink', 'dev_mb'):,.0f} "
         f"MB on the disk, which was busy {dev('pafka sink', 'dev_busy'):.2f} s of the run's "
         f"{med['pafka sink']:.2f} s (medians), that is "
@@ -922,6 +978,10 @@ def main() -> None:
         print(f"  generated and cached in {info['gen_s']:.1f} s", flush=True)
         print("sinks", flush=True)
         sink = bench_sink(src, data, args.repeat, rows)
+        sink["page_cache"] = probe_page_cache(data, dir_bytes(os.path.join(data, "store-0")))
+        pc = sink["page_cache"]
+        print(f"  page cache: {pc['paused']:.2f} s of CPU on memory freed {pc['pause']:.0f} s "
+              f"before, {pc['reused']:.2f} s on memory just freed", flush=True)
         if args.sinks_only:
             print(sink_summary(sink, rows))
             return
