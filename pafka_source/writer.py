@@ -84,7 +84,7 @@ def keep_freed_memory() -> bool:
     A writing task holds up to a few hundred MB of Spark's Arrow batches while they become
     chunks. By default glibc gives memory that much freed back to the kernel (it trims the top
     of its heaps past twice its adaptive mmap threshold), so the next batches read from Spark's
-    socket land on pages the kernel must fault in and zero again: about 85,000 faults and 8% of
+    socket land on pages the kernel must fault in and zero again: about 90,000 faults and 6% of
     the sink's time per 10M rows of 120 bytes measured here. Buffers of up to
     ``MALLOC_MMAP_THRESHOLD`` then come from the heap, and up to ``MALLOC_TRIM_THRESHOLD`` free
     at its top stays there. Left alone where malloc is not glibc's or the process was started
