@@ -18,7 +18,10 @@ rows and none pays for generating them. Every path runs once untimed (warm-up), 
 * latency: a producer thread appends small batches with ``Topic.append`` at a fixed rate; a
   pafka streaming query with a 0-second processing-time trigger collects, in
   ``foreachBatch``, one row per append; latency = the time the collect returned minus the
-  row's ``_timestamp`` (the commit time the store assigned, ms precision).
+  row's ``_timestamp`` (the commit time the store assigned, ms precision);
+* the page cache: after the sinks, the CPU it takes to write the sink's bytes into the page
+  cache from one reused buffer, on memory freed 20 s before and on memory just freed (on a
+  VM whose balloon reports free pages to the host the two differ several times over).
 
 Ratios are medians of the per-round ratios (each round runs the peers back to back, so a
 busy neighbour on a shared machine weighs on both). The section between the ``spark-bench``
