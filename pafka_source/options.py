@@ -41,7 +41,9 @@ SOURCE_OPTIONS = {
     "minpartitions": "positive integer: at least this many Spark partitions per batch",
     "maxrecordsperpartition": "positive integer: at most this many records per Spark partition",
     "consumergroup": "name under which the query's committed offsets are recorded",
-    "verifychecksums": "true | false: verify every chunk's checksum while reading",
+    "verifychecksums": "true | false (default true): verify every chunk's checksum before "
+                       "decoding it; false trusts the bytes (a damaged chunk may then give "
+                       "wrong rows or crash the worker)",
     "pafka.config": "path of a .properties file with store configuration",
 }
 SINK_OPTIONS = {
@@ -297,7 +299,7 @@ class SourceOptions:
     min_partitions: int | None = None
     max_records_per_partition: int = 1_000_000
     consumer_group: str | None = None
-    verify: bool = False
+    verify: bool = True
     config: dict[str, Any] = field(default_factory=dict)
     given: frozenset[str] = frozenset()  # option names set (lower-cased), for warnings
 
@@ -369,7 +371,7 @@ class SourceOptions:
             min_partitions=_positive(opts, "minpartitions"),
             max_records_per_partition=_positive(opts, "maxrecordsperpartition") or 1_000_000,
             consumer_group=_non_empty(opts, "consumergroup", "a consumer group name"),
-            verify=_bool(opts, "verifychecksums", False),
+            verify=_bool(opts, "verifychecksums", True),
             config=store_config(opts),
             given=frozenset(k for k, v in opts.items() if v is not None),
         )

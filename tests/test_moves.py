@@ -1,3 +1,4 @@
+import fcntl
 import os
 import signal
 import subprocess
@@ -186,12 +187,20 @@ def test_garbage_collection_leaves_the_copy_a_move_has_just_linked(tmp_path, shm
     s, t, final = _segment_moved_away_and_reclaimed(tmp_path, shm_dir, grace_ms=2000)
     _move_killed_after_linking(s.root, "t/0-0", 1)
     assert os.path.exists(final)
-    assert s.collect_garbage(t) == 0
-    assert os.path.exists(final)
-    # Its mover is gone: once untouched for the grace period, the copy is garbage (under both
-    # of its names, and its pool file back in the pool exactly once).
+    # A live mover holds its copy's lock until its entry is published.
+    fd = os.open(final, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert s.collect_garbage(t) == 0
+        assert os.path.exists(final)
+    finally:
+        os.close(fd)
+    # Its mover is gone: on a pool tier the segment's name goes at once (no reader can pin
+    # an unpublished copy), the temporary name once untouched for the grace period; the
+    # pool file goes back to the pool exactly once.
+    assert s.collect_garbage(t) == 1 and not os.path.exists(final)
     time.sleep(2.1)
-    assert s.collect_garbage(t) == 2 and not os.path.exists(final)
+    assert s.collect_garbage(t) == 1
     usage = {u["tier"]: u for u in s.tier_usage()}
     assert usage[1]["pool_free"] + usage[1]["segments"] == usage[1]["pool_files"]
     s.move_segment("t/0-0", 1)
@@ -202,11 +211,16 @@ def test_a_second_service_never_releases_the_copy_another_one_just_linked(tmp_pa
     s, t, final = _segment_moved_away_and_reclaimed(tmp_path, shm_dir, grace_ms=2000)
     _move_killed_after_linking(s.root, "t/0-0", 1)
     linked = os.stat(final).st_ino
-    with pytest.raises(CommitConflict, match="still exists"):
-        Store.open(s.root).move_segment("t/0-0", 1)
-    assert os.stat(final).st_ino == linked
-    # Past the grace period the dead service's copy is released and the move goes through.
-    time.sleep(2.1)
+    fd = os.open(final, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the live service holds it until it publishes
+    try:
+        with pytest.raises(CommitConflict, match="still exists"):
+            Store.open(s.root).move_segment("t/0-0", 1)
+        assert os.stat(final).st_ino == linked
+    finally:
+        os.close(fd)
+    # The service is dead (no lock): on a pool tier its copy is released at once and the
+    # move goes through.
     r = Store.open(s.root).move_segment("t/0-0", 1)
     assert r.to_tier == 1 and os.stat(final).st_ino != linked
     after = Store.open(s.root).topic("t")

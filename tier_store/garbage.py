@@ -5,7 +5,10 @@ an ``open``):
 
 * A file is reclaimed only when nothing references it: not a committed segment of the topic's
   state, not a partition's active segment.
-* A file is reclaimed only once it has been untouched (by its own mtime) for
+* On a tier whose files are reused (a pmem pool), readers pin every file they map with a
+  shared ``flock`` (:mod:`tier_store.reading`): a moved or deleted segment's file goes back
+  to the pool as soon as an exclusive lock on it succeeds, with no grace period.
+* Elsewhere a file is reclaimed only once it has been untouched (by its own mtime) for
   ``log.cleanup.grace.ms``, and, for a segment deleted by retention or replaced by a move,
   only once its ``delete`` or ``move`` entry is that old too, so a reader that planned against
   it still finishes. The tombstone alone is not enough: a segment that lived on a tier before
@@ -92,18 +95,23 @@ def _tombstone_s(st: TopicState, sid: str, tier: int) -> float:
     return tomb[1] / 1000.0 if tomb is not None else 0.0
 
 
-def _may_reclaim(topic: Topic, tier: int, sid: str | None, mtime: float, now: float,
+def _may_reclaim(topic: Topic, tier: Tier, sid: str | None, mtime: float, now: float,
                  grace_s: float) -> bool:
     """Segment ``sid``'s file on ``tier`` (None: a temporary file) is not referenced by the
     state as it is now (a move that published while we looked has dropped its lock by then),
-    and the file (``mtime``) and its tombstone are both older than the grace period."""
+    and the file (``mtime``) and its tombstone are both older than the grace period — or, on
+    a tier whose readers pin the files they map, the segment has a tombstone there: the
+    caller holds the file's exclusive lock, so no reader maps it now, and one that planned
+    against it finds the name gone and plans again."""
     since = 0.0
     if sid is not None:
         st = topic.state()
         seg = st.segments.get(sid)
-        if seg is not None and seg.tier == tier:
+        if seg is not None and seg.tier == tier.number:
             return False
-        since = _tombstone_s(st, sid, tier)
+        since = _tombstone_s(st, sid, tier.number)
+        if since and tier.pinned_by_readers:
+            return True
     return now - max(mtime, since) > grace_s
 
 
@@ -149,7 +157,8 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
             seg = st.segments.get(sid)
             if (seg is not None and seg.tier == tier.number) or actives[p] == (seq, tier.number):
                 continue
-            if now - max(mtime, _tombstone_s(st, sid, tier.number)) > grace_s:
+            tomb = _tombstone_s(st, sid, tier.number)
+            if (tomb and tier.pinned_by_readers) or now - max(mtime, tomb) > grace_s:
                 candidates.setdefault(p, []).append((name, path, mtime))
         for p, files in candidates.items():
             with store.partition_lock(topic.name, p, blocking=False) as held, \
@@ -166,15 +175,14 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                             continue
                         of = segment_id(p, seq)
                     if tier.local:
-                        if not release_file(tier, path, lambda s, n=tier.number, of=of:
-                                            _may_reclaim(topic, n, of, s.st_mtime, now,
+                        if not release_file(tier, path, lambda s, of=of, t=tier:
+                                            _may_reclaim(topic, t, of, s.st_mtime, now,
                                                          grace_s)):
                             continue
                     else:
                         # Checked again under the remote-name lock: a move that uploaded
                         # this name since it was listed has published its entry by now.
-                        if not _may_reclaim(topic, tier.number, of, mtime, now,
-                                            grace_s):
+                        if not _may_reclaim(topic, tier, of, mtime, now, grace_s):
                             continue
                         tier.release_segment(path)
                     crash_point("gc.release")

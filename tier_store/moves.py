@@ -46,7 +46,7 @@ from .entries import ChunkRecord, MoveEntry
 from .errors import CommitConflict, CorruptSegment, DataLoss, PafkaError, StoreFull
 from .garbage import release_file
 from .layout import REMOTE_LOCK, TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
-from .reading import read_range
+from .reading import MAPS, read_range
 from .segment import HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
 from .tiers import PmemTier, Tier
@@ -209,6 +209,8 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                 if lock >= 0:
                     os.close(lock)
         crash_point("move.committed")
+        # Our reads of the sources pinned their files: unpin, so they can be released.
+        MAPS.drop({store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs})
         result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
                             tuple(s.tier for s in segs), tier_number, int(rows["len"].sum()),
                             int(rows["n"].sum()), time.perf_counter() - t0)
@@ -230,8 +232,11 @@ def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,
     and its tombstone and its own mtime both older than the grace period. Anything else is
     another service's copy, linked a moment ago and about to be (or just) committed."""
     now = time.time()
-    since = tomb[1] / 1000.0 if tomb is not None and tomb[0] == tier_number else now
-    if now - since > grace_s:
+    moved_away = tomb is not None and tomb[0] == tier_number
+    since = tomb[1] / 1000.0 if tomb is not None and moved_away else now
+    # On a pool tier readers pin what they map: the old file goes once no pin is left.
+    pinned = target.pinned_by_readers and moved_away
+    if pinned or now - since > grace_s:
         if not target.local:
             target.release_segment(final)
             return
@@ -239,7 +244,7 @@ def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,
         def old(s: os.stat_result) -> bool:
             seg = topic.state().segments.get(seg_id)
             return (seg is None or seg.tier != tier_number) and \
-                now - max(s.st_mtime, since) > grace_s
+                (pinned or now - max(s.st_mtime, since) > grace_s)
 
         if release_file(target, final, old):
             return

@@ -11,8 +11,11 @@ planning), it opens the store, plans again once, and goes on; a file still missi
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +25,8 @@ import pyarrow as pa
 
 from .chunk import ChunkDecoder, checksum
 from .errors import CorruptSegment, DataLoss
+from .layout import SEGMENT_SUFFIX
+from .segment import SegmentHeader
 
 
 @dataclass(frozen=True)
@@ -66,61 +71,213 @@ class PlannedBatch:
     timestamp: int
 
 
+PIN_IDLE_S = 5.0
+"""A cached mapping unused this long is dropped, and with it the reader's pin on the file."""
+
+
+class _PinnedMap(mmap.mmap):
+    """A read-only mapping that holds a shared ``flock`` on its file (a reader pin) until the
+    mapping itself is freed, i.e. until no Arrow buffer sliced from it is alive any more.
+    A freed pool file returns to the pool only once an exclusive lock on it succeeds
+    (:func:`~tier_store.garbage.release_file`), so a pinned file is never reused under a
+    reader; the kernel drops the pin when the process dies."""
+
+    pin_fd = -1
+
+    def __del__(self) -> None:
+        fd, self.pin_fd = self.pin_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+@dataclass
+class _Mapped:
+    dev: int
+    ino: int
+    buf: pa.Buffer
+    owner: tuple[str, str] | None  # (topic dir, partition) of a segment path
+    used: float
+
+
 class MappedFiles:
-    """Read-only Arrow memory maps of segment files, cached per process.
+    """Read-only, pinned Arrow memory maps of segment files, cached per process.
 
     A growing file (a file tier's active segment) is remapped when a chunk lies past the
-    mapped length. A cached mapping is used only while the path still names the same inode:
-    a pool file renamed to a new segment must never be read through an old mapping.
-    Files are never shrunk while they may be mapped, so a mapping stays valid.
+    mapped length. A cached mapping is used only while the path still names the same inode.
+    Each mapping pins its file (:class:`_PinnedMap`); a cached one is dropped — unpinning the
+    file once the batches read from it are gone — when it is unused for :data:`PIN_IDLE_S`,
+    when the path names another file or none, when a plan of its partition no longer names
+    it (:meth:`forget`), or past ``limit`` mappings. Thread-safe.
     """
 
-    def __init__(self, limit: int = 256):
-        self._maps: dict[str, tuple[int, int, pa.Buffer]] = {}
+    def __init__(self, limit: int = 256, idle_s: float = PIN_IDLE_S):
+        self._maps: dict[str, _Mapped] = {}
         self._limit = limit
+        self._idle_s = idle_s
         self._lock = threading.Lock()
+        self._janitor: threading.Thread | None = None
 
     def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
         return self.whole(path, pos, length).slice(pos, length)
 
     def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
-        """The mapping of ``path``, which holds ``[pos, pos + length)``."""
-        st = os.stat(path)  # FileNotFoundError for a missing file
+        """The mapping of ``path``, which holds ``[pos, pos + length)``. FileNotFoundError
+        when the path names no file (or stopped naming the one we opened)."""
+        st = os.stat(path, follow_symlinks=False)  # FileNotFoundError for a missing file
+        now = time.monotonic()
         with self._lock:
             hit = self._maps.get(path)
-        if hit is None or hit[:2] != (st.st_dev, st.st_ino) or pos + length > hit[2].size:
-            buf = map_file(path)
-            with self._lock:
-                if len(self._maps) >= self._limit:
-                    self._maps.pop(next(iter(self._maps)))
-                self._maps[path] = (st.st_dev, st.st_ino, buf)
-        else:
-            buf = hit[2]
+            if hit is not None and (hit.dev, hit.ino) == (st.st_dev, st.st_ino) and \
+                    pos + length <= hit.buf.size:
+                hit.used = now
+                return hit.buf
+        buf, dev, ino = pin_map(path)
         if pos + length > buf.size:
             raise CorruptSegment(f"{path}: chunk [{pos}, {pos + length}) lies past the file's "
                                  f"end ({buf.size} bytes)")
+        with self._lock:
+            self._drop_idle(now)
+            if len(self._maps) >= self._limit:
+                self._maps.pop(next(iter(self._maps)))
+            self._maps.pop(path, None)  # re-inserted last: the dict's order is LRU-ish
+            self._maps[path] = _Mapped(dev, ino, buf, _owner(path), now)
+            self._start_janitor()
         return buf
+
+    def forget(self, keep: set[str], owners: set[tuple[str, str]]) -> None:
+        """Drop the cached mappings of the partitions ``owners`` (as :func:`_owner` names
+        them) whose paths are not in ``keep``: segments a plan no longer names (moved,
+        merged or deleted) are unpinned instead of held until the process ends."""
+        with self._lock:
+            for path in [p for p, m in self._maps.items()
+                         if m.owner in owners and p not in keep]:
+                del self._maps[path]
+
+    def drop(self, paths: set[str]) -> None:
+        """Drop the cached mappings of ``paths`` (e.g. a move's sources once it is done)."""
+        with self._lock:
+            for path in paths:
+                self._maps.pop(path, None)
+
+    def pinned(self) -> list[str]:
+        """Paths of the cached mappings (each pins its file)."""
+        with self._lock:
+            return list(self._maps)
+
+    def _drop_idle(self, now: float) -> None:
+        for path in [p for p, m in self._maps.items() if now - m.used > self._idle_s]:
+            del self._maps[path]
+
+    def _start_janitor(self) -> None:
+        # A worker that stops reading must not pin its last files until it exits.
+        if self._janitor is None or not self._janitor.is_alive():
+            self._janitor = threading.Thread(target=self._sweep, name="pafka-unpin",
+                                             daemon=True)
+            self._janitor.start()
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(self._idle_s / 2)
+            with self._lock:
+                self._drop_idle(time.monotonic())
+                if not self._maps:
+                    self._janitor = None
+                    return
 
     def clear(self) -> None:
         with self._lock:
             self._maps.clear()
 
+    def _after_fork(self) -> None:
+        # The child shares the parent's pins (open file descriptions); its own copies go,
+        # and the janitor thread did not survive the fork.
+        self._lock = threading.Lock()
+        self._maps.clear()
+        self._janitor = None
+
 
 MAPS = MappedFiles()
+os.register_at_fork(after_in_child=MAPS._after_fork)
+
+PIN_WAIT_S = 10.0
+"""How long a reader waits for a move or a release holding a segment file exclusively."""
+
+
+def _owner(path: str) -> tuple[str, str] | None:
+    """(topic directory, partition) of a segment file's path; None for other files."""
+    pdir, name = os.path.split(path)
+    tdir, part = os.path.split(pdir)
+    if not (part.isdigit() and name.endswith(SEGMENT_SUFFIX)
+            and name[: -len(SEGMENT_SUFFIX)].isdigit()):
+        return None
+    return tdir, part
+
+
+def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
+    """Map ``path`` read-only with a reader pin on it: (buffer, st_dev, st_ino).
+
+    The file is opened without following a symlink; the pin (a shared ``flock``) is taken,
+    then the path is checked to still name the file opened — a file released to a pool
+    meanwhile (under an exclusive lock) is FileNotFoundError, as a moved segment's is — and
+    a segment file's header must name the partition and sequence its path does, so a reused
+    file is never read as the old segment (:class:`CorruptSegment` otherwise)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CorruptSegment(f"{path} is a symbolic link: segment files are never read "
+                                 "through links") from None
+        raise
+    try:
+        deadline = time.monotonic() + PIN_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # A move publishing its copy, or a release checking this file: brief.
+                if time.monotonic() > deadline:
+                    raise CorruptSegment(f"{path}: held exclusively for over {PIN_WAIT_S} s; "
+                                         "cannot pin it for reading") from None
+                time.sleep(0.002)
+        held = os.fstat(fd)
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            named = None
+        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            raise FileNotFoundError(errno.ENOENT, "segment file was released while opened",
+                                    path)
+        if not stat.S_ISREG(held.st_mode):
+            raise CorruptSegment(f"{path} is not a regular file")
+        if held.st_size == 0:
+            os.close(fd)
+            return pa.py_buffer(b""), held.st_dev, held.st_ino
+        owner = _owner(path)
+        if owner is not None:
+            _check_header(fd, path, int(owner[1]),
+                          int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)]))
+        m = _PinnedMap(fd, 0, prot=mmap.PROT_READ)
+        m.pin_fd = fd  # closed (unpinned) when the mapping is freed
+        return pa.py_buffer(m), held.st_dev, held.st_ino
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_header(fd: int, path: str, partition: int, seq: int) -> None:
+    hdr = SegmentHeader.unpack(os.pread(fd, 48, 0), path)
+    if (hdr.partition, hdr.seq) != (partition, seq):
+        raise CorruptSegment(f"{path}: its header names segment {hdr.partition}-{hdr.seq}, "
+                             f"not {partition}-{seq} as its path does")
 
 
 def map_file(path: str) -> pa.Buffer:
-    """A read-only shared mapping of the whole file as an Arrow buffer, which keeps the
-    mapping alive. Not ``pa.memory_map(...).read_buffer()``: that advises WILLNEED on the
+    """A read-only shared mapping of the whole file as an Arrow buffer, pinned (see
+    :func:`pin_map`). Not ``pa.memory_map(...).read_buffer()``: that advises WILLNEED on the
     whole file, which costs 100 µs per 64 MiB segment on tmpfs and would read a whole
     segment from a disk to serve one chunk of it."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if os.fstat(fd).st_size == 0:
-            return pa.py_buffer(b"")
-        return pa.py_buffer(mmap.mmap(fd, 0, prot=mmap.PROT_READ))
-    finally:
-        os.close(fd)
+    return pin_map(path)[0]
 
 
 def read_range(path: str, pos: int, length: int) -> pa.Buffer:
@@ -132,29 +289,33 @@ def read_range(path: str, pos: int, length: int) -> pa.Buffer:
     return MAPS.slice(path, pos, length)
 
 
-REVALIDATE_S = 1.0
-
-
-def execute(plan: ReadPlan, verify: bool = False, replan: bool = True
+def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
             ) -> Iterator[PlannedBatch]:
-    """Yield the plan's records as Arrow batches, zero-copy from memory-mapped chunks."""
+    """Yield the plan's records as Arrow batches, zero-copy from memory-mapped chunks.
+
+    With ``verify`` (the default) each chunk's checksum is checked before Arrow sees its
+    bytes (:class:`CorruptSegment`); ``verify=False`` trusts the bytes, and a damaged chunk
+    may then give wrong rows or crash the process."""
     at_offset = plan.start
     decoder = ChunkDecoder()
-    # The mapping of the segment being read: its next chunks are sliced from it without a
-    # stat of the file each. It is checked again (is the path still that file?) at least
-    # every REVALIDATE_S, far within log.cleanup.grace.ms, after which a moved segment's
-    # file may be reused.
-    mapped: tuple[str, pa.Buffer, float] | None = None
+    local = {c.path for c in plan.chunks if "://" not in c.path}
+    owners = {o for o in map(_owner, local) if o is not None}
+    if owners:
+        # This partition's segments the plan no longer names (moved, merged, deleted) are
+        # unpinned now rather than when they go idle.
+        MAPS.forget(local, owners)
+    # The mapping of the segment being read: its next chunks are sliced from it. It pins its
+    # file, so the file is never reused while we read it.
+    mapped: tuple[str, pa.Buffer] | None = None
     for i, c in enumerate(plan.chunks):
         try:
             if mapped is not None and mapped[0] == c.path and \
-                    c.pos + c.length <= mapped[1].size and \
-                    time.monotonic() - mapped[2] < REVALIDATE_S:
+                    c.pos + c.length <= mapped[1].size:
                 buf = mapped[1].slice(c.pos, c.length)
             elif "://" in c.path:
                 buf = read_range(c.path, c.pos, c.length)
             else:
-                mapped = (c.path, MAPS.whole(c.path, c.pos, c.length), time.monotonic())
+                mapped = (c.path, MAPS.whole(c.path, c.pos, c.length))
                 buf = mapped[1].slice(c.pos, c.length)
         except FileNotFoundError:
             if not replan:

@@ -133,6 +133,9 @@ class Tier(ABC):
     # Files of the tier, for garbage collection, checks and moves. Local tiers use the OS;
     # a remote tier overrides these.
     local = True
+    # Whether a released file is reused (a pool): then it is released as soon as no reader
+    # pins it (an exclusive flock succeeds) rather than after log.cleanup.grace.ms.
+    pinned_by_readers = False
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -141,6 +141,8 @@ class PmemSegmentWriter(SegmentWriter):
 class PmemTier(Tier):
     """A tier on a DAX filesystem (or any local path) with a pool of segment files."""
 
+    pinned_by_readers = True
+
     def __init__(self, spec, segment_bytes: int, pool_ratio: float):
         super().__init__(spec, segment_bytes)
         self.pool_ratio = pool_ratio
