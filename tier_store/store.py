@@ -80,7 +80,7 @@ from .saved import (
     tier_overlap,
 )
 from .state import TopicState
-from .tiers import PmemTier, SegmentWriter, Tier, make_tier
+from .tiers import NO_SPACE, PmemTier, SegmentWriter, Tier, make_tier
 from .topic import Topic
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,8 @@ class Store:
         # (inode, mtime, ctime, size) of _store.json when _saved was read from it.
         self._saved_stamp: tuple[int, int, int, int] | None = None
         self._saved: list[tuple[int, str]] | None = None
+        # Tiers whose filesystem answered ENOSPC, skipped by placement until space returns.
+        self._no_space: set[int] = set()
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
@@ -266,23 +268,65 @@ class Store:
 
     def place_segment(self, topic: str, partition: int, seq: int, need: int,
                       durable: bool = True) -> tuple[Tier, SegmentWriter]:
-        """Create segment ``seq`` on the first local tier with room (placement rule); see
-        :meth:`Tier.create_segment` for ``durable``."""
+        """Create segment ``seq`` by the placement rule: on the first local tier with room
+        (a free pool file, or bytes under its capacity) whose filesystem is not out of
+        space. A remote tier never takes appends. See :meth:`Tier.create_segment` for
+        ``durable``; :class:`StoreFull` naming every tier when none has room."""
         used = self.used_bytes()
         for t in self.tiers:
+            if not t.local or self._out_of_space(t, need):
+                continue
             if not t.has_room(used.get(t.number, 0), need):
                 continue
-            w = t.create_segment(topic, partition, seq, need, durable)
+            try:
+                w = t.create_segment(topic, partition, seq, need, durable)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                self.mark_out_of_space(t, e)
+                continue
             if w is not None:
                 return t, w
-        usage = "; ".join(
-            f"tier {t.number} ({t.type}, {t.path}): {used.get(t.number, 0)} of "
-            f"{t.capacity or 'unbounded'} bytes used"
-            + (f", {t.free_pool_files()} free pool files" if isinstance(t, PmemTier) else "")
-            for t in self.tiers)
-        raise StoreFull(f"no tier has room for a new segment of topic {topic!r} partition "
-                        f"{partition} ({need} bytes): {usage}. Resize a tier (pafka resize), lower "
-                        "log.retention.bytes/ms, or add a tier.")
+        usage = "; ".join(self._tier_line(t, used.get(t.number, 0)) for t in self.tiers)
+        raise StoreFull(
+            f"no local tier has room for a new segment of topic {topic!r} partition "
+            f"{partition} ({need} bytes): {usage}. Run the migration service (pafka migrate "
+            f"{self.root} --follow, or pafka_source.start_migration) or speed it up "
+            "(storage.migrate.threads, storage.migrate.bytes.per.second), lower "
+            "log.retention.bytes/ms, or resize a tier (pafka resize)")
+
+    def _tier_line(self, t: Tier, used: int) -> str:
+        free_fs = t.free_bytes()
+        line = (f"tier {t.number} ({t.type}, {t.path}): {used} of "
+                f"{t.capacity or 'unbounded'} bytes used")
+        pool = t.free_pool_files()
+        if pool is not None:
+            line += f", {pool} free pool files"
+        if not t.local:
+            line += ", remote (takes sealed segments from the migration service only)"
+        elif t.number in self._no_space:
+            line += f", its filesystem is full ({free_fs} bytes free)"
+        return line
+
+    def mark_out_of_space(self, tier: Tier, error: OSError) -> None:
+        """Record that ``tier``'s filesystem answered ENOSPC: new segments skip it until
+        its filesystem has room for a segment again."""
+        if tier.number not in self._no_space:
+            log.warning("tier %d (%s) is out of space (%s): new segments go to the next "
+                        "local tier with room until space returns", tier.number, tier.path,
+                        error)
+        self._no_space.add(tier.number)
+
+    def _out_of_space(self, tier: Tier, need: int) -> bool:
+        if tier.number not in self._no_space:
+            return False
+        free = tier.free_bytes()
+        if free is not None and free >= 2 * max(need, tier.segment_bytes):
+            self._no_space.discard(tier.number)
+            log.info("tier %d (%s) has room again (%d bytes free)", tier.number, tier.path,
+                     free)
+            return False
+        return True
 
     @contextlib.contextmanager
     def partition_lock(self, topic: str, partition: int, blocking: bool = True,

@@ -45,7 +45,7 @@ from .records import AppendResult, ChunkRef, SegmentInfo
 from .retention import segments_to_delete
 from .segment import CHUNK_ALIGN, HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, TopicState
-from .tiers import SegmentWriter, Tier
+from .tiers import NO_SPACE, SegmentWriter, Tier
 
 if TYPE_CHECKING:
     from .store import Store
@@ -311,8 +311,20 @@ class Topic:
             if hdr.sealed or aged or pos + chunk.size > w.capacity():
                 seq, tier, w = self._roll(p, seq, w, chunk.size, durable)
                 pos = align(w.header().end)
-            crc = w.write_chunk(pos, chunk)
-            w.set_end(pos + chunk.size, durable)
+            while True:
+                try:
+                    crc = w.write_chunk(pos, chunk)
+                    w.set_end(pos + chunk.size, durable)
+                    break
+                except OSError as e:
+                    if e.errno not in NO_SPACE:
+                        raise
+                    # The tier's filesystem is full: it counts as full until space returns,
+                    # and the chunk goes to a new segment on the next local tier with room
+                    # (StoreFull when none has). What was written here is a hole.
+                    self.store.mark_out_of_space(tier, e)
+                    seq, tier, w = self._roll(p, seq, w, chunk.size, durable)
+                    pos = align(w.header().end)
             if durable:
                 self._sync_pointer(p)
             else:
@@ -415,7 +427,14 @@ class Topic:
         A deferred append (``durable=False``) leaves the old segment's flush to
         :meth:`_retire`."""
         if old is not None:
-            old.seal(durable)
+            try:
+                old.seal(durable)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                # The pointer, not this flag, says which segment is active: the roll stands.
+                log.warning("topic %s partition %d: sealing %s failed (%s); rolling anyway",
+                            self.name, p, old.path, e)
             crash_point("segment.roll.sealed")
         new_seq = 0 if seq is None else seq + 1
         tier, w = self.store.place_segment(self.name, p, new_seq, need, durable)

@@ -7,6 +7,7 @@ chunks out of the mapping, so reading is the same for every local tier.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from abc import ABC, abstractmethod
@@ -16,6 +17,9 @@ from ..chunk import EncodedChunk
 from ..config import TierSpec
 from ..layout import fsync_dir, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""errno values that mean a tier's filesystem is full."""
 
 
 class SegmentWriter(ABC):
@@ -125,6 +129,16 @@ class Tier(ABC):
         """Whether a new segment for a chunk of ``need`` bytes fits, given ``used`` bytes
         accounted on this tier (a whole segment is reserved)."""
         return self.capacity <= 0 or used + max(need, self.segment_bytes) <= self.capacity
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the tier's filesystem (None where unknown, e.g. an object store)."""
+        if not self.local:
+            return None
+        try:
+            fs = os.statvfs(self.path)
+        except OSError:
+            return None
+        return fs.f_bavail * fs.f_frsize
 
     def free_pool_files(self) -> int | None:
         """Free pre-allocated segment files, for tiers with a pool; None otherwise."""
