@@ -1,4 +1,5 @@
-"""Migration between tiers: Pafka's threshold policy and the service that applies it."""
+"""Migration between tiers: the freshness-order policy (the newest data on the fastest tiers,
+thresholds deciding how much each tier holds) and the service that applies it, with retention."""
 
 from __future__ import annotations
 

@@ -1,25 +1,47 @@
 """Migration policy: a pure function from the store's state to a list of moves.
 
-Pafka's rule, between each pair of adjacent tiers (upper = faster):
+The rule is **freshness order across all tiers** (Pafka's single-threshold rule balanced one
+pair of tiers at a time and never swapped, so once tier 1 had overflowed, older segments stayed
+on it while newer ones sat below):
 
-* When the upper tier holds more than ``high`` × its capacity, its **oldest** sealed segments
-  (across all topics, by the time their newest record was committed) move down until it is
-  back at or under ``high`` × capacity.
-* When it holds less than ``low`` × capacity, the **newest** sealed segments of the lower tier
-  move up while they fit under ``low`` × capacity (fresh data is what consumers read next).
-* ``low`` and ``high`` default to ``storage.migrate.threshold`` (Pafka's single threshold);
-  a band (``low < high``) keeps a segment that just moved up from being the first to move
-  down again. A threshold of -1 disables migration. Active segments never move.
-* Moving down merges adjacent sealed segments of one partition (consecutive in its offset
-  order) while the merged segment stays within ``log.segment.bytes``: micro-batches make many
-  small segments and the slow tier wants few big files.
+* Within each partition, no sealed segment on a slower tier is newer (higher sequence number,
+  so higher offsets) than a sealed segment on a faster tier. Across partitions and topics a
+  segment's age is the time its newest record was committed (``last_ts``), made monotonic
+  along each partition so that the two orders agree. The last tier (a REMOTE one, say)
+  receives only the oldest data.
+* The thresholds decide only **how much** each tier holds, never the order. For every tier
+  with a capacity except the last, the amount of segments it should hold is what it holds
+  once the faster tiers are settled (its own segments, plus what they pass down, minus what
+  they take up), kept within the band ``[low, high]`` × capacity: inside the band it stays,
+  above ``high`` it drains to ``high``, below ``low`` it fills to ``low``. ``low`` and
+  ``high`` default to ``storage.migrate.threshold`` (Pafka's single threshold); a band
+  (``low < high``) keeps a segment that just moved from moving straight back. A tier without a
+  capacity (0, unbounded) that is not the last keeps the amount it holds. The last tier takes
+  the rest. A threshold of -1 disables migration.
+* Sealed segments are dealt out newest first (by age, then topic, partition, newest sequence
+  first): tier 1 takes them while they fit its amount, then tier 2, and so on. A tier stops at
+  the first segment that does not fit (skipping it would break the order), except a segment
+  that can never go there (bigger than a pool file): that one, and every older segment of its
+  partition, go to a slower tier. So demotions of the oldest and promotions of the newest come
+  out of the same run when the order needs them.
+* Segments that may not move (a partition's active segment, one with chunks a writer may
+  still commit, one waiting out a back-off: ``sealed=False``) stay where they are and count in
+  their tier's usage; the order ignores them.
+* Moves are the segments whose tier changes. Moving down merges adjacent sealed segments of one
+  partition going to the same tier (consecutive in its offset order) while the merged file
+  stays within ``log.segment.bytes``: micro-batches make many small segments and the slow tier
+  wants few big files. Moving up moves one segment at a time.
 
 On a pmem tier capacity is its pool and a segment occupies one whole pool file, as in Pafka.
+
+A settled state (the moves of a plan applied, no new data) plans no moves: the amounts
+computed from it are the amounts it holds, or, where it holds less than ``low``, amounts the
+next segment did not fit in before either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -32,9 +54,15 @@ class SegmentView:
     partition: int
     seq: int
     tier: int
-    bytes: int
+    bytes: int  # committed chunk bytes: what it costs on a tier without a pool
     last_ts: int
-    sealed: bool
+    sealed: bool  # may move (sealed, settled, not held back)
+    file_bytes: int = 0  # bytes a file holding it alone needs (header, alignment); 0: bytes
+
+    @property
+    def file_size(self) -> int:
+        """Bytes a file holding this segment alone needs (at most)."""
+        return self.file_bytes or self.bytes
 
 
 @dataclass(frozen=True)
@@ -43,12 +71,16 @@ class TierView:
 
     number: int
     capacity: int  # bytes; 0 = unbounded
-    used: int
+    used: int  # in the terms of cost(): the segments on it
     pool_file: int = 0  # > 0 on a pmem tier: every segment there takes a file of this size
 
     def cost(self, nbytes: int) -> int:
         """Bytes of this tier a segment of ``nbytes`` takes."""
         return self.pool_file if self.pool_file else nbytes
+
+    def takes(self, s: SegmentView) -> bool:
+        """Whether segment ``s`` can be on this tier at all (a pool file holds it)."""
+        return s.tier == self.number or not self.pool_file or s.file_size <= self.pool_file
 
 
 @dataclass(frozen=True)
@@ -66,79 +98,128 @@ class Move:
         return self.target > self.source
 
 
+Key = tuple[str, str]  # (topic, segment id)
+
+
 def plan_moves(segments: Sequence[SegmentView], tiers: Sequence[TierView], low: float,
                high: float, segment_bytes: int, merge: bool = True) -> list[Move]:
-    """The moves that bring each upper tier back into its band ``[low, high]``."""
-    if high < 0 or low < 0:
+    """The moves that restore the freshness order and bring each tier's amount into its
+    band ``[low, high]``: demotions oldest first, then promotions newest first."""
+    if high < 0 or low < 0 or len(tiers) < 2:
         return []
-    used = {t.number: t.used for t in tiers}
-    where = {(s.topic, s.id): s.tier for s in segments}
-    moves: list[Move] = []
-    moved: set[tuple[str, str]] = set()  # a segment moves at most once per plan
+    place = assign_tiers(segments, tiers, low, high)
+    by_number = {t.number: t for t in tiers}
+    downs: dict[tuple[int, int], list[SegmentView]] = {}
+    ups: list[SegmentView] = []
+    for s in segments:
+        target = place.get((s.topic, s.id), s.tier)
+        if target > s.tier:
+            downs.setdefault((s.tier, target), []).append(s)
+        elif target < s.tier:
+            ups.append(s)
+    age = freshness(segments)
+    moves: list[tuple[int, Move]] = []
+    for (source, target), chosen in downs.items():
+        # A merge into a pool file would change what the segments cost there.
+        joins = merge and not by_number[target].pool_file
+        for group in _merge_groups(chosen, segments, segment_bytes, joins):
+            moves.append((min(age[(s.topic, s.id)] for s in group), Move(
+                group[0].topic, tuple(s.id for s in group), source, target,
+                sum(s.bytes for s in group))))
+    out = [m for _, m in sorted(moves, key=lambda x: (x[0], x[1].topic, x[1].segments))]
+    for s in sorted(ups, key=newest_first(age)):
+        out.append(Move(s.topic, (s.id,), s.tier, place[(s.topic, s.id)], s.bytes))
+    return out
+
+
+def assign_tiers(segments: Sequence[SegmentView], tiers: Sequence[TierView], low: float,
+                 high: float) -> dict[Key, int]:
+    """The tier each sealed segment belongs on, by (topic, id)."""
     ordered = sorted(tiers, key=lambda t: t.number)
-    for upper, lower in zip(ordered, ordered[1:], strict=False):
-        if upper.capacity <= 0:
-            continue
-        on_upper = [s for s in segments if where[(s.topic, s.id)] == upper.number
-                    and (s.topic, s.id) not in moved]
-        if used[upper.number] > high * upper.capacity:
-            # Oldest first; each partition's segments in offset order so that neighbours merge.
-            candidates = sorted((s for s in on_upper if s.sealed),
-                                key=lambda s: (s.last_ts, s.topic, s.partition, s.seq))
-            chosen: list[SegmentView] = []
-            freed = 0
-            for s in candidates:
-                if used[upper.number] - freed <= high * upper.capacity:
-                    break
-                chosen.append(s)
-                freed += upper.cost(s.bytes)
-            for group in _merge_groups(chosen, segments, segment_bytes, merge):
-                nbytes = sum(s.bytes for s in group)
-                moves.append(Move(group[0].topic, tuple(s.id for s in group), upper.number,
-                                  lower.number, nbytes))
-                used[upper.number] -= sum(upper.cost(s.bytes) for s in group)
-                used[lower.number] += lower.cost(nbytes)
-                for s in group:
-                    where[(s.topic, s.id)] = lower.number
-                    moved.add((s.topic, s.id))
-        elif used[upper.number] < low * upper.capacity:
-            on_lower = [s for s in segments if where[(s.topic, s.id)] == lower.number
-                        and s.sealed and (s.topic, s.id) not in moved]
-            for s in sorted(on_lower, key=lambda s: (-s.last_ts, s.topic, s.partition, -s.seq)):
-                cost = upper.cost(s.bytes)
-                if upper.pool_file and s.bytes > upper.pool_file:
-                    continue  # a merged segment bigger than a pool file cannot go back up
-                if used[upper.number] + cost > low * upper.capacity:
-                    break
-                moves.append(Move(s.topic, (s.id,), lower.number, upper.number, s.bytes))
-                used[upper.number] += cost
-                used[lower.number] -= lower.cost(s.bytes)
-                where[(s.topic, s.id)] = upper.number
-                moved.add((s.topic, s.id))
-    return moves
+    movable = [s for s in segments if s.sealed]
+    age = freshness(segments)
+    remaining = sorted(movable, key=newest_first(age))
+    place: dict[Key, int] = {}
+    for tier in ordered[:-1]:
+        mine = sum(tier.cost(s.bytes) for s in movable if s.tier == tier.number)
+        fixed = max(0, tier.used - mine)  # what may not move
+        # What the tier holds once the faster tiers are settled.
+        natural = fixed + sum(tier.cost(s.bytes) for s in remaining
+                              if s.tier <= tier.number and tier.takes(s))
+        if tier.capacity > 0:
+            target = min(max(natural, low * tier.capacity), high * tier.capacity)
+        else:
+            target = natural
+        budget = target - fixed
+        rest: list[SegmentView] = []
+        barred: set[tuple[str, int]] = set()  # partitions whose older segments cannot come
+        full = False
+        for s in remaining:
+            part = (s.topic, s.partition)
+            if full or part in barred:
+                rest.append(s)
+            elif not tier.takes(s):
+                barred.add(part)
+                rest.append(s)
+            elif tier.cost(s.bytes) > budget:
+                full = True
+                rest.append(s)
+            else:
+                place[(s.topic, s.id)] = tier.number
+                budget -= tier.cost(s.bytes)
+        remaining = rest
+    last = ordered[-1]
+    for s in remaining:
+        # A segment the last tier cannot hold either stays where it is.
+        place[(s.topic, s.id)] = last.number if last.takes(s) else s.tier
+    return place
+
+
+def freshness(segments: Sequence[SegmentView]) -> dict[Key, int]:
+    """Each segment's age for the order: its ``last_ts``, raised to the newest ``last_ts`` of
+    the older segments of its partition (concurrent writers may commit a segment's last chunk
+    after the next segment's), so that newer by age is never older by offset."""
+    by_part: dict[tuple[str, int], list[SegmentView]] = {}
+    for s in segments:
+        by_part.setdefault((s.topic, s.partition), []).append(s)
+    out: dict[Key, int] = {}
+    for segs in by_part.values():
+        newest: int | None = None
+        for s in sorted(segs, key=lambda s: s.seq):
+            newest = s.last_ts if newest is None else max(newest, s.last_ts)
+            out[(s.topic, s.id)] = newest
+    return out
+
+
+def newest_first(age: dict[Key, int]) -> Callable[[SegmentView], tuple[int, str, int, int]]:
+    """Sort key: newest first; ties by topic, partition, newest sequence number first."""
+    return lambda s: (-age[(s.topic, s.id)], s.topic, s.partition, -s.seq)
 
 
 def _merge_groups(chosen: list[SegmentView], everything: Sequence[SegmentView],
                   segment_bytes: int, merge: bool) -> list[list[SegmentView]]:
-    """Group chosen segments into runs adjacent in their partition, each within a segment."""
+    """Group chosen segments into runs adjacent in their partition, each within a segment
+    file (``segment_bytes``, headers and alignment counted)."""
     if not merge:
         return [[s] for s in chosen]
-    order: dict[tuple[str, int], list[int]] = {}
+    position: dict[Key, int] = {}
+    by_seq: dict[tuple[str, int], list[SegmentView]] = {}
     for s in everything:
-        order.setdefault((s.topic, s.partition), []).append(s.seq)
-    for seqs in order.values():
-        seqs.sort()
+        by_seq.setdefault((s.topic, s.partition), []).append(s)
+    for segs in by_seq.values():
+        for i, s in enumerate(sorted(segs, key=lambda s: s.seq)):
+            position[(s.topic, s.id)] = i
     by_part: dict[tuple[str, int], list[SegmentView]] = {}
     for s in chosen:
         by_part.setdefault((s.topic, s.partition), []).append(s)
     groups: list[list[SegmentView]] = []
-    for key, segs in by_part.items():
+    for segs in by_part.values():
         segs.sort(key=lambda s: s.seq)
-        seqs = order[key]
         run: list[SegmentView] = []
         for s in segs:
-            adjacent = run and seqs.index(s.seq) == seqs.index(run[-1].seq) + 1
-            fits = run and sum(x.bytes for x in run) + s.bytes <= segment_bytes
+            adjacent = run and position[(s.topic, s.id)] == \
+                position[(run[-1].topic, run[-1].id)] + 1
+            fits = run and sum(x.file_size for x in run) + s.file_size <= segment_bytes
             if run and adjacent and fits:
                 run.append(s)
             else:
@@ -147,5 +228,4 @@ def _merge_groups(chosen: list[SegmentView], everything: Sequence[SegmentView],
                 run = [s]
         if run:
             groups.append(run)
-    # Keep the oldest-first order of the runs.
-    return sorted(groups, key=lambda g: min(s.last_ts for s in g))
+    return groups

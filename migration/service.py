@@ -5,11 +5,21 @@ user's driver program (``MigrationService(store).start()``). Several services ma
 store: each move is an optimistic commit, so two never both move a segment, and none holds a
 lock that a crash could leave behind.
 
-Each run: seal active segments idle longer than ``log.segment.ms`` (so quiet topics migrate
-too), reclaim files past the grace period, plan moves with
-:func:`~migration.policy.plan_moves`, carry them out with ``storage.migrate.threads`` threads
-within ``storage.migrate.bytes.per.second``, reclaim again, and record counters in
-``<root>/_migration.json``.
+Each run:
+
+1. **Retention** on every topic (``log.retention.bytes``/``.ms``, the topic's own values when
+   it was created with them), as Kafka's log cleaner thread does: a topic nobody writes to
+   any more still loses its expired segments. Retention is not migration: it runs even when
+   ``storage.migrate.threshold`` is -1. One topic's failure stops no other.
+2. Seal active segments idle longer than ``log.segment.ms`` (so quiet topics migrate too) and
+   reclaim files past the grace period.
+3. Plan with :func:`~migration.policy.plan_moves` (the freshness order across all tiers).
+4. **Demotions first**, the slowest source tier first (each frees room on the tier the next
+   one fills), then reclaim the files they freed (a pmem tier's pool files: promotions need
+   them), then **promotions**, the fastest target tier first; promotions to a pmem tier
+   beyond its free pool files wait for a later run (newest first). Each phase uses
+   ``storage.migrate.threads`` threads within ``storage.migrate.bytes.per.second``.
+5. Reclaim again, and record counters in ``<root>/_migration.json``.
 
 A segment whose file cannot be read (gone with a tier on RAM after a reboot, or corrupt)
 affects only itself: its move is skipped with a warning naming it, it is not planned again for
@@ -33,6 +43,7 @@ from typing import Any
 from tier_store import CommitConflict, CorruptSegment, DataLoss, PafkaError, Store, StoreFull
 from tier_store.layout import write_atomic
 from tier_store.moves import MoveResult, seal_idle
+from tier_store.segment import CHUNK_ALIGN, HEADER_SIZE
 
 from .policy import Move, SegmentView, TierView, plan_moves
 
@@ -56,6 +67,7 @@ class MigrationStats:
     bytes_up: int = 0
     merged_segments: int = 0
     sealed_idle: int = 0
+    segments_deleted: int = 0  # by retention
     failed_moves: int = 0
     last_run_ms: int = 0
     tiers: list[dict[str, Any]] = field(default_factory=list)
@@ -81,30 +93,35 @@ class Throttle:
 
 
 def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
-    """The policy's view of a store: every committed segment, every tier's usage."""
+    """The policy's view of a store: every committed segment, every tier's usage.
+
+    A tier's usage is counted the policy's way, so that a move changes it by exactly what
+    the policy expects: a pool file per segment on a pmem tier, committed bytes elsewhere."""
     segs: list[SegmentView] = []
     for name in store.topics():
         for s in store.topic(name).segments():
             # A segment with chunks a writer may still commit waits: moving it would make
-            # that commit fail.
+            # that commit fail. Its file needs at most a header and each chunk aligned.
+            file_bytes = HEADER_SIZE + s.bytes + s.chunks * (CHUNK_ALIGN - 1)
             segs.append(SegmentView(name, s.id, s.partition, int(s.id.split("-")[1]), s.tier,
-                                    s.bytes, s.last_timestamp, s.sealed and s.settled))
+                                    s.bytes, s.last_timestamp, s.sealed and s.settled,
+                                    file_bytes))
     tiers = []
     seg_bytes = store.config["log.segment.bytes"]
     for u in store.tier_usage():
+        on_tier = [s for s in segs if s.tier == u["tier"]]
         if "pool_files" in u:
             # pmem: capacity is the pool; usage the pool files of live segments (a file whose
             # segment moved away is leaving: it returns to the pool after the grace period).
-            live = sum(1 for s in segs if s.tier == u["tier"])
-            tiers.append(TierView(u["tier"], u["pool_files"] * seg_bytes, live * seg_bytes,
-                                  seg_bytes))
+            tiers.append(TierView(u["tier"], u["pool_files"] * seg_bytes,
+                                  len(on_tier) * seg_bytes, seg_bytes))
         else:
-            tiers.append(TierView(u["tier"], u["capacity"], u["used"]))
+            tiers.append(TierView(u["tier"], u["capacity"], sum(s.bytes for s in on_tier)))
     return segs, tiers
 
 
 class MigrationService:
-    """Keeps fresh data on the fast tier: Pafka's threshold rule, run on a schedule."""
+    """Keeps the freshest data on the fastest tiers, and applies retention, on a schedule."""
 
     def __init__(self, store: Store, on_move: Callable[[MoveResult], None] | None = None):
         self.store = store
@@ -150,16 +167,21 @@ class MigrationService:
         return plan_moves(segs, tiers, low, high, self.store.config["log.segment.bytes"])
 
     def run_once(self) -> list[MoveResult]:
-        """Seal idle segments, plan, move, reclaim; returns the moves made."""
+        """Apply retention, seal idle segments, plan, move (demotions, then promotions),
+        reclaim; returns the moves made. Retention runs even when migration is disabled
+        (``storage.migrate.threshold=-1``): it is not migration (Kafka's log cleaner)."""
         with self._lock:
             self._follow_relocation()
+            deleted = sum(len(ids) for ids in self._apply_retention().values())
             low, _ = self.band()
             if low < 0:
+                self._collect_garbage()  # the files retention deleted, after their grace
+                self._finish_run([], deleted)
                 return []
             idle = self.store.config["log.segment.ms"]
             for name in self.store.topics():
-                topic = self.store.topic(name)
                 try:
+                    topic = self.store.topic(name)
                     self.stats.sealed_idle += len(seal_idle(topic, idle))
                     # Files past their grace period free room (pool files) before planning.
                     self.store.collect_garbage(topic)
@@ -167,17 +189,69 @@ class MigrationService:
                     log.warning("topic %s: sealing idle segments or garbage collection "
                                 "failed: %s", name, e)
             moves = self.plan()
-            done = self._execute(moves)
-            for name in self.store.topics():
-                try:
-                    self.store.collect_garbage(self.store.topic(name))
-                except (PafkaError, OSError) as e:
-                    log.warning("topic %s: garbage collection failed: %s", name, e)
-            self.stats.runs += 1
-            self.stats.last_run_ms = int(time.time() * 1000)
-            self.stats.tiers = self.store.tier_usage()
-            self._save_stats(done)
+            downs = [m for m in moves if m.down]
+            ups = [m for m in moves if not m.down]
+            done: list[MoveResult] = []
+            # The slowest source first: what tier 2 passes to tier 3 makes room for what
+            # tier 1 passes to tier 2.
+            for source in sorted({m.source for m in downs}, reverse=True):
+                done += self._execute([m for m in downs if m.source == source])
+            if ups:
+                # Promotions onto a pmem tier take the pool files the demotions freed, once
+                # garbage collection has put them back in the pool (after the grace period).
+                self._collect_garbage()
+                free = {u["tier"]: u["pool_free"] for u in self.store.tier_usage()
+                        if "pool_free" in u}
+                for target in sorted({m.target for m in ups}):
+                    batch = [m for m in ups if m.target == target]  # newest first
+                    if target in free and len(batch) > free[target]:
+                        log.info("%d promotions to tier %d wait for pool files (freed ones "
+                                 "return to the pool after log.cleanup.grace.ms)",
+                                 len(batch) - max(0, free[target]), target)
+                        batch = batch[:max(0, free[target])]
+                    done += self._execute(batch)
+            self._collect_garbage()
+            self._finish_run(done, deleted)
             return done
+
+    def apply_retention(self) -> dict[str, list[str]]:
+        """Apply retention to every topic now (``Topic.apply_retention``, with the topic's
+        own retention settings); returns the deleted segment ids by topic. A topic whose
+        retention fails is logged and skipped. :meth:`run_once` does this first."""
+        with self._lock:
+            self._follow_relocation()
+            return self._apply_retention()
+
+    def _apply_retention(self) -> dict[str, list[str]]:
+        deleted: dict[str, list[str]] = {}
+        for name in self.store.topics():
+            try:
+                ids = self.store.topic(name).apply_retention()
+            except Exception as e:  # one topic's trouble stops no other
+                log.warning("topic %s: applying retention failed: %s: %s", name,
+                            type(e).__name__, e)
+                continue
+            if ids:
+                deleted[name] = ids
+        n = sum(len(ids) for ids in deleted.values())
+        self.stats.segments_deleted += n
+        if n:
+            log.info("retention deleted %d segments: %s", n, ", ".join(
+                f"{name}/{sid}" for name, ids in deleted.items() for sid in ids))
+        return deleted
+
+    def _collect_garbage(self) -> None:
+        for name in self.store.topics():
+            try:
+                self.store.collect_garbage(self.store.topic(name))
+            except (PafkaError, OSError) as e:
+                log.warning("topic %s: garbage collection failed: %s", name, e)
+
+    def _finish_run(self, done: list[MoveResult], deleted: int) -> None:
+        self.stats.runs += 1
+        self.stats.last_run_ms = int(time.time() * 1000)
+        self.stats.tiers = self.store.tier_usage()
+        self._save_stats(done, deleted)
 
     def _follow_relocation(self) -> None:
         """After ``pafka relocate`` moved a tier, this handle's writes to the old place would
@@ -263,7 +337,7 @@ class MigrationService:
             self._unreadable[key] = (time.monotonic() + backoff, backoff)
         return backoff
 
-    def _save_stats(self, done: list[MoveResult]) -> None:
+    def _save_stats(self, done: list[MoveResult], deleted: int = 0) -> None:
         """Add this run to the totals in ``<root>/_migration.json`` (read by the CLI)."""
         path = os.path.join(self.store.root, STATS_FILE)
         try:
@@ -275,6 +349,7 @@ class MigrationService:
             key = "down" if r.to_tier > min(r.from_tiers) else "up"
             totals[f"segments_{key}"] = totals.get(f"segments_{key}", 0) + len(r.sources)
             totals[f"bytes_{key}"] = totals.get(f"bytes_{key}", 0) + r.bytes
+        totals["segments_deleted"] = totals.get("segments_deleted", 0) + deleted
         totals["runs"] = totals.get("runs", 0) + 1
         totals["last_run_ms"] = self.stats.last_run_ms
         totals["last_moves"] = [asdict(r) for r in done[-20:]]

@@ -1,133 +1,25 @@
-"""The migration policy on states built in memory, and the service on real stores."""
+"""The migration service on real stores (the policy on built states: test_policy.py)."""
 
+import json
 import logging
 import os
+import subprocess
 import threading
 import time
 
 import pytest
 
 from migration import MigrationService
-from migration.policy import SegmentView, TierView, plan_moves
 from migration.service import read_stats
 from tier_store import DataLoss, Store, relocate_tier
+from tier_store.commit_log import CommitLog
+from tier_store.entries import ConfigEntry
+from tier_store.layout import log_dir
 from tier_store.moves import seal_idle
+from tier_store.recovery import check_topic
 
-from .conftest import SCHEMA, make_batch, read_all
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
-MB = 1 << 20
-
-
-def seg(i, tier, nbytes=MB, ts=None, topic="t", p=0, sealed=True):
-    return SegmentView(topic, f"{p}-{i}", p, i, tier, nbytes, i if ts is None else ts, sealed)
-
-
-def tiers(used1, used2=0, cap1=10 * MB):
-    return [TierView(1, cap1, used1), TierView(2, 0, used2)]
-
-
-def test_above_threshold_the_oldest_sealed_segments_move_down_until_back_under():
-    segs = [seg(i, 1) for i in range(8)]
-    moves = plan_moves(segs, tiers(8 * MB), 0.5, 0.5, 4 * MB, merge=False)
-    assert [m.segments for m in moves] == [("0-0",), ("0-1",), ("0-2",)]
-    assert all(m.source == 1 and m.target == 2 for m in moves)
-
-
-def test_below_threshold_the_newest_segments_of_tier_two_move_up_while_they_fit():
-    segs = [seg(i, 2) for i in range(6)] + [seg(10, 1)]
-    moves = plan_moves(segs, tiers(1 * MB, 6 * MB), 0.5, 0.5, 4 * MB)
-    assert [m.segments for m in moves] == [("0-5",), ("0-4",), ("0-3",), ("0-2",)]
-    assert all(not m.down for m in moves)
-
-
-def test_at_the_threshold_nothing_moves():
-    segs = [seg(i, 1) for i in range(5)] + [seg(10, 2)]
-    assert plan_moves(segs, tiers(5 * MB, MB), 0.5, 0.5, 4 * MB) == []
-
-
-def test_threshold_minus_one_disables_migration():
-    segs = [seg(i, 1) for i in range(10)]
-    assert plan_moves(segs, tiers(10 * MB), -1, -1, 4 * MB) == []
-
-
-def test_empty_tier_two_and_nothing_to_promote():
-    assert plan_moves([seg(0, 1)], tiers(MB), 0.5, 0.5, 4 * MB) == []
-
-
-def test_active_segments_never_move():
-    segs = [seg(i, 1, sealed=False) for i in range(10)]
-    assert plan_moves(segs, tiers(10 * MB), 0.5, 0.5, 4 * MB) == []
-    segs = [seg(i, 2, sealed=False) for i in range(3)]
-    assert plan_moves(segs, tiers(0, 3 * MB), 0.5, 0.5, 4 * MB) == []
-
-
-def test_demotion_merges_adjacent_small_segments_of_a_partition():
-    segs = [seg(i, 1, nbytes=MB // 2) for i in range(16)] + \
-        [seg(100 + i, 1, nbytes=MB // 2, p=1, ts=i) for i in range(4)]
-    moves = plan_moves(segs, tiers(10 * MB), 0.2, 0.2, 2 * MB)
-    assert all(m.down for m in moves)
-    assert all(sum(1 for _ in m.segments) <= 4 for m in moves)
-    assert any(len(m.segments) > 1 for m in moves)
-    for m in moves:  # each merge is one partition, consecutive sequence numbers
-        seqs = [int(s.split("-")[1]) for s in m.segments]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-        assert len({s.split("-")[0] for s in m.segments}) == 1
-
-
-def test_more_than_two_tiers_apply_the_rule_between_each_adjacent_pair():
-    segs = [seg(i, 1) for i in range(8)] + [seg(20 + i, 2) for i in range(8)]
-    ts = [TierView(1, 10 * MB, 8 * MB), TierView(2, 10 * MB, 8 * MB), TierView(3, 0, 0)]
-    moves = plan_moves(segs, ts, 0.5, 0.5, MB, merge=False)
-    down12 = [m for m in moves if (m.source, m.target) == (1, 2)]
-    down23 = [m for m in moves if (m.source, m.target) == (2, 3)]
-    assert len(down12) == 3 and down23
-    # Tier 2 receives tier 1's oldest and passes on its own oldest.
-    assert down23[0].segments == ("0-20",)
-
-
-def test_pmem_capacity_is_counted_in_pool_files():
-    t1 = TierView(1, 8 * MB, 6 * MB, pool_file=MB)
-    segs = [seg(i, 1, nbytes=MB // 10) for i in range(6)]
-    moves = plan_moves(segs, [t1, TierView(2, 0, 0)], 0.5, 0.5, MB, merge=False)
-    assert len(moves) == 2  # 6 files of 8 in use; 4 is the threshold
-
-
-def _simulate(low, high, cycles=20):
-    """Tier 1 (10 MB) holds five 1 MB segments, tier 2 older ones. Each cycle a short-lived
-    topic writes one segment to tier 1, the policy runs, retention deletes that segment, the
-    policy runs. Returns how many times a segment went back the way it came."""
-    segs = {f"{v.topic}-{v.id}": v for v in
-            [seg(i, 2, topic="old", ts=-10 + i) for i in range(5)] +
-            [seg(i, 1, topic="a", ts=i) for i in range(5)]}
-    history: dict[str, list[int]] = {}
-
-    def run_policy():
-        views = list(segs.values())
-        used1 = sum(v.bytes for v in views if v.tier == 1)
-        used2 = sum(v.bytes for v in views if v.tier == 2)
-        for m in plan_moves(views, tiers(used1, used2), low, high, MB, merge=False):
-            for sid in m.segments:
-                old = segs[f"{m.topic}-{sid}"]
-                segs[f"{m.topic}-{sid}"] = SegmentView(old.topic, old.id, old.partition,
-                                                       old.seq, m.target, old.bytes,
-                                                       old.last_ts, old.sealed)
-                history.setdefault(f"{m.topic}-{sid}", []).append(m.target)
-
-    for c in range(cycles):
-        burst = seg(c, 1, topic="short", ts=100 + c)
-        segs[f"short-{burst.id}"] = burst
-        run_policy()
-        del segs[f"short-{burst.id}"]
-        run_policy()
-    return sum(max(0, len(h) - 1) for h in history.values())
-
-
-def test_a_workload_that_thrashes_with_one_threshold_does_not_with_a_band():
-    assert _simulate(0.5, 0.5) >= 10
-    assert _simulate(0.3, 0.7) == 0
-
-
-# -- the service on real stores -----------------------------------------------------------------
 
 def _store(tmp_path, shm_dir, **extra):
     return Store.open(tmp_path / "store", {
@@ -309,3 +201,212 @@ def test_a_missing_active_segment_file_does_not_stop_idle_sealing(tmp_path, shm_
     os.unlink(next(x for x in t.segments() if x.partition == 0).path)
     assert seal_idle(t, 0, now_ms=t.state().last_ts + 1) == ["1-0"]
     assert read_all(t, 1) == list(range(100, 200))
+
+
+# -- the freshness order on real stores ---------------------------------------------------------
+
+def order_violations(topic):
+    """Pairs of sealed segments of one partition where the one on the slower tier holds the
+    higher offsets (what the freshness order forbids)."""
+    segs = [x for x in topic.segments() if x.sealed]
+    return [(f"{a.id}@{a.tier}", f"{b.id}@{b.tier}") for a in segs for b in segs
+            if a.partition == b.partition and a.tier > b.tier
+            and a.base_offset > b.base_offset]
+
+
+def settle(svc, runs=6, pause=0.0):
+    """Run the service until a run makes no move; returns the moves of every run."""
+    history = []
+    for _ in range(runs):
+        done = svc.run_once()
+        history.append(done)
+        if not done:
+            return history
+        time.sleep(pause)
+    raise AssertionError(f"the service did not settle in {runs} runs: {history[-1]}")
+
+
+def test_after_an_overflow_the_service_swaps_in_one_run_and_then_moves_nothing(tmp_path,
+                                                                            shm_dir):
+    # Written with migration off: tier 1 (16 pool files) fills with the oldest segments and
+    # the newest overflow to tier 2, where Pafka's rule left them.
+    s = _store(tmp_path, shm_dir, **{"storage.migrate.threshold": -1})
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    for i in range(240):
+        t.append(make_batch(i * 200, 200), partition=i % 2)
+    assert {x.tier for x in t.segments()} == {1, 2} and order_violations(t)
+    svc = MigrationService(Store.open(s.root, {"storage.migrate.threshold": 0.5}))
+    history = settle(svc)
+    assert len(history) == 2  # one run swaps, the next finds nothing to do
+    first = history[0]
+    assert any(r.to_tier == 1 for r in first) and any(r.to_tier == 2 for r in first)
+    after = Store.open(s.root).topic("t")
+    assert not order_violations(after)
+    assert sum(x.tier == 1 for x in after.segments()) <= 8  # the threshold: 8 of 16 files
+    for p in range(2):
+        assert read_all(after, p) == [k for i in range(p, 240, 2)
+                                      for k in range(i * 200, i * 200 + 200)]
+    assert check_topic(after).ok
+
+
+def test_promotions_onto_a_full_pool_wait_for_freed_files_instead_of_failing(tmp_path,
+                                                                            shm_dir):
+    # Every pool file is taken; those the demotions free may only come back after the grace
+    # period (or once no reader pins them): a promotion that finds none waits for a run.
+    s = _store(tmp_path, shm_dir, **{"storage.migrate.threshold": -1,
+                                     "log.cleanup.grace.ms": 1000})
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    for i in range(240):
+        t.append(make_batch(i * 200, 200), partition=i % 2)
+    assert next(u for u in s.tier_usage() if u["tier"] == 1)["pool_free"] == 0
+    svc = MigrationService(Store.open(s.root, {"storage.migrate.threshold": 0.5}))
+    settle(svc, pause=1.1)
+    assert svc.stats.failed_moves == 0
+    assert svc.stats.segments_up > 0 and not order_violations(Store.open(s.root).topic("t"))
+
+
+def test_a_band_on_file_tiers_settles_in_order_and_stays_settled(tmp_path):
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "NVME,HDD",
+            "storage.tiers.first.sizes": "1m", "log.segment.bytes": "64k",
+            "log.cleanup.grace.ms": 0, "storage.migrate.threshold.low": 0.3,
+            "storage.migrate.threshold.high": 0.6, "storage.migrate.threshold": 0.5}
+    s = Store.open(tmp_path / "store", {**conf, "storage.migrate.threshold": -1})
+    a = s.create_topic("a", SCHEMA, partitions=2)
+    b = s.create_topic("b", SCHEMA)
+    for i in range(150):  # unequal segments: two topics, batches of three sizes
+        a.append(make_batch(i * 300, 100 + 100 * (i % 3)), partition=i % 2)
+        if i % 3 == 0:
+            b.append(make_batch(i * 300, 250))
+    assert order_violations(a) and order_violations(b)  # the newest overflowed to tier 2
+    svc = MigrationService(Store.open(s.root, conf))
+    settle(svc)
+    assert settle(svc) == [[]]
+    for name in ("a", "b"):
+        assert not order_violations(Store.open(s.root).topic(name))
+    tier1 = next(v for v in svc.store.tier_usage() if v["tier"] == 1)
+    assert tier1["used"] <= 0.6 * tier1["capacity"] + 2 * 64 * 1024  # + the active segments
+    # Newer data on tier 1 than on tier 2 across topics too: age is the last commit time.
+    segs = [x for name in ("a", "b") for x in Store.open(s.root).topic(name).segments()
+            if x.sealed]
+    assert min(x.last_timestamp for x in segs if x.tier == 1) >= \
+        max(x.last_timestamp for x in segs if x.tier == 2)
+
+
+def test_three_tiers_the_remote_tier_receives_only_the_oldest(tmp_path):
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "NVME,HDD,REMOTE",
+            "storage.tiers.first.sizes": "512k", "storage.tiers.2.sizes": "512k",
+            "storage.tiers.3.paths": f"file://{tmp_path}/remote", "log.segment.bytes": "64k",
+            "log.cleanup.grace.ms": 0, "storage.migrate.threshold": 0.5}
+    s = Store.open(tmp_path / "store", conf)
+    t = s.create_topic("t", SCHEMA)
+    svc = MigrationService(s)
+    for i in range(200):
+        t.append(make_batch(i * 200, 200))
+        if i % 20 == 19:
+            svc.run_once()
+    settle(svc)
+    segs = [x for x in t.segments() if x.sealed]
+    assert {x.tier for x in segs} == {1, 2, 3} and not order_violations(t)
+    # Pafka's pairwise rule could leave the newest on the remote tier: one run fixes it.
+    newest = sorted(segs, key=lambda x: x.base_offset)[-2:]
+    for x in newest:
+        s.move_segment(x.id, 3, topic="t")
+    assert order_violations(t)
+    history = settle(svc)
+    assert len(history) == 2 and not order_violations(t)
+    assert {x.id: x.tier for x in t.segments() if x.id in {n.id for n in newest}} == \
+        {n.id: 1 for n in newest}
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(40000))
+
+
+def test_a_writer_bursting_in_another_process_while_the_service_runs_ends_in_order(
+        tmp_path, shm_dir):
+    conf = {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0,
+            "log.cleanup.grace.ms": 500, "storage.migrate.threshold.low": 0.3,
+            "storage.migrate.threshold.high": 0.6, "storage.migrate.threshold": 0.5}
+    root = str(tmp_path / "store")
+    Store.open(root, conf).create_topic("t", SCHEMA, partitions=2)
+    ack = tmp_path / "acks"
+    # A burst: 160 keyed appends of 300 rows (about 1.6 MB, 27 segments) for 16 pool files,
+    # written faster than the service may copy (256 KiB/s): tier 1 overflows to tier 2.
+    writer = subprocess.Popen([PYTHON, "-m", "tests.crash_writer", root, str(ack),
+                               json.dumps(conf), "160", "2"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    svc = MigrationService(Store.open(root, {"storage.migrate.bytes.per.second": "256k",
+                                             "storage.migrate.interval.ms": 50}))
+    with svc:
+        _, err = writer.communicate(timeout=60)
+        assert writer.returncode == 0, err[-2000:]
+        # Settled: two runs in a row without a move or a failed one (a promotion waits for
+        # the pool files freed by demotions: they return to the pool after the grace period).
+        deadline = time.time() + 30
+        last, since = None, 0
+        while time.time() < deadline:
+            s = svc.stats
+            now = (s.segments_down, s.segments_up, s.failed_moves)
+            if now != last:
+                last, since = now, s.runs
+            elif s.runs >= since + 2:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the service did not settle after the burst: {svc.stats}")
+    assert svc.plan() == []
+    assert svc.stats.segments_down > 0
+    assert svc.stats.segments_up > 0, "no overflow: the newest never sat on tier 2"
+    t = Store.open(root).topic("t")
+    assert not order_violations(t)
+    acked = {0: 0, 1: 0}
+    for line in ack.read_text().splitlines():
+        p, _, n, _ = map(int, line.split())
+        acked[p] += n
+    keys = [read_all(t, p) for p in range(2)]
+    assert [len(k) for k in keys] == [acked[0], acked[1]]
+    assert sorted(keys[0] + keys[1]) == list(range(160 * 300))
+    assert check_topic(t).ok
+
+
+# -- retention ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threshold", [0.5, -1])
+def test_the_service_applies_retention_to_an_idle_topic(tmp_path, threshold, caplog):
+    s = Store.open(tmp_path / "store", {"log.segment.bytes": "64k", "log.cleanup.grace.ms": 0,
+                                        "storage.migrate.threshold": threshold})
+    idle = s.create_topic("idle", SCHEMA, config={"log.retention.ms": 2500})
+    kept = s.create_topic("kept", SCHEMA)  # the store's retention: seven days
+    for i in range(8):  # about 4 segments each
+        idle.append(make_batch(i * 1000, 1000))
+        kept.append(make_batch(i * 1000, 1000))
+    paths = {x.id: x.path for x in idle.segments()}
+    n_idle, n_kept = len(paths), len(kept.segments())
+    assert n_idle >= 3 and n_kept >= 3 and idle.earliest_offsets() == {0: 0}
+    # A topic whose saved retention setting is unusable (a damaged config entry): its
+    # retention fails, and must not keep the others from theirs.
+    broken = s.create_topic("a-broken", SCHEMA, config={"log.retention.ms": 2500})
+    broken.append(make_batch(0, 1000))
+    CommitLog(log_dir(s.root, "a-broken"), "a-broken").publish(
+        broken.version + 1, ConfigEntry(int(time.time() * 1000), {"log.retention.ms": "soon"}))
+    last = idle.state().last_ts
+    time.sleep(max(0.0, (last + 2600) / 1000 - time.time()))
+    version = Store.open(s.root).topic("idle").version  # nothing committed since
+    svc = MigrationService(Store.open(s.root))
+    with caplog.at_level(logging.INFO, logger="migration.service"):
+        svc.run_once()
+    after = Store.open(s.root).topic("idle")
+    segs = after.segments()
+    assert len(segs) == 1 and after.version == version + 1  # the delete entry alone
+    assert svc.stats.segments_deleted == n_idle - 1
+    assert read_stats(s.root)["segments_deleted"] == n_idle - 1
+    assert after.earliest_offsets() == {0: segs[0].base_offset} and segs[0].base_offset > 0
+    assert read_all(after, 0, segs[0].base_offset) == list(range(segs[0].base_offset, 8000))
+    with pytest.raises(DataLoss):
+        read_all(after, 0, 0)
+    assert [x.id for x in idle.segments()] == [segs[0].id]  # the caller's handle sees it
+    assert len(Store.open(s.root).topic("kept").segments()) == n_kept
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("retention deleted" in m and "idle/0-0" in m for m in messages), messages
+    assert any("a-broken" in m and "retention failed" in m for m in messages), messages
+    # The files are gone too (grace period 0): garbage collection ran after retention.
+    assert [sid for sid, path in paths.items() if os.path.exists(path)] == [segs[0].id]
