@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tier store, or run "
-               "the end-to-end Spark demo.")
+DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tier store, list "
+               "and reset its consumer groups, or run the end-to-end Spark demo.")
 
 
 def _human(n: float) -> str:
@@ -63,6 +63,28 @@ def _error_text(e: BaseException) -> str:
     if isinstance(e, UnicodeDecodeError):
         return f"a file is not {e.encoding} text: {e.reason} at byte {e.start}"
     return f"{type(e).__name__}: {e}"
+
+
+# -- output ------------------------------------------------------------------------------------
+def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], list[str]]
+          ) -> None:
+    """Print a command's data: as JSON (``--json``), or rendered for people."""
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    for line in render(data):
+        print(line)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    """Aligned columns: numbers right, text left, None as '-'."""
+    cells = [headers] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(isinstance(row[i], int | float | type(None)) for row in rows) and
+               bool(rows) for i in range(len(headers))]
+    return ["  ".join(c.rjust(w) if num else c.ljust(w)
+                      for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
+            for r in cells]
 
 
 # -- opening a store ---------------------------------------------------------------------------
@@ -124,10 +146,11 @@ def _band_text(low: float, high: float) -> str:
     return f"band {low:.0%}..{high:.0%}"
 
 
-def cmd_tiers(args: argparse.Namespace) -> int:
+def tiers_report(store: Store) -> dict[str, Any]:
+    """Each tier's usage, its usable capacity, the fill the migration policy sees, and the
+    migration totals: the data of ``pafka tiers``, rendered by :func:`render_tiers`."""
     from migration import MigrationService, read_stats
     from migration.service import store_views
-    store = _open_store(args.root)
     try:
         policy = _band_text(*MigrationService(store).band())
     except PafkaError as e:  # e.g. threshold.low above threshold.high: show usage anyway
@@ -136,30 +159,69 @@ def cmd_tiers(args: argparse.Namespace) -> int:
     # segments / pool files, not bytes / capacity. It balances every tier above another.
     _, views = store_views(store)
     fill = {v.number: v.used / v.capacity for v in views[:-1] if v.capacity > 0}
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     for t in store.tier_usage():
+        row = dict(t)
+        # What segments can take: all of a file tier (0: unbounded), only the pool of a pmem
+        # tier, in whole segment files.
+        row["usable_capacity"] = t["capacity"]
+        tier = store.tier(t["tier"])
+        if isinstance(tier, PmemTier):
+            files, free = t["pool_files"], t["pool_free"]
+            # More free files than configured: the size changed after the pool was made, and
+            # in use cannot be told from the free count.
+            row["pool_in_use"] = files - free if free <= files else None
+            row["pool_ratio"] = tier.pool_ratio
+            row["usable_capacity"] = files * tier.segment_bytes
+            notes.append(
+                f"tier {t['tier']} is PMEM: it holds segments only in its pool of "
+                f"pre-allocated files, so it can use log.pmem.pool.ratio ({tier.pool_ratio:g}) "
+                f"of its size in whole segments of log.segment.bytes "
+                f"({_human(tier.segment_bytes)}): {_plural(files, 'file')}, "
+                f"{_human(row['usable_capacity'])} of {_human(t['capacity'])}")
+        row["migration_fill"] = fill.get(t["tier"])
+        row["fill_basis"] = (None if row["migration_fill"] is None else
+                             "segments per pool file" if "pool_files" in t else
+                             "bytes of capacity")
+        rows.append(row)
+    return {"root": store.root, "policy": policy, "tiers": rows,
+            "migration": read_stats(store.root) or None, "notes": notes}
+
+
+def render_tiers(report: dict[str, Any]) -> list[str]:
+    """``pafka tiers`` for people: a line per tier, the migration totals, then notes."""
+    lines = []
+    for t in report["tiers"]:
         cap = _human(t["capacity"]) if t["capacity"] else "unbounded"
-        line = (f"tier {t['tier']} {t['type']:5s} {t['path']}: {_human(t['used'])} of {cap}, "
-                f"{_plural(t['segments'], 'segment')}")
+        line = f"tier {t['tier']} {t['type']:5s} {t['path']}: {_human(t['used'])} of {cap}"
+        if "pool_files" in t:
+            line += f" (usable {_human(t['usable_capacity'])}: the pool)"
+        line += f", {_plural(t['segments'], 'segment')}"
         if "pool_files" in t:
             files, free = t["pool_files"], t["pool_free"]
-            if free > files:
-                # The pool on disk is bigger than configured (its size was changed after the
-                # store was created): in use cannot be told from the free count.
+            if t["pool_in_use"] is None:
                 line += (f", pool holds {free} free files, more than the {files} configured "
                          "(its size changed after the store was created)")
             else:
-                line += f", pool {files - free}/{files} files in use"
-        if t["tier"] in fill:
-            basis = "segments per pool file" if "pool_files" in t else "bytes of capacity"
-            line += f"; migration fill {fill[t['tier']]:.0%} ({basis}; {policy})"
-        print(line)
-    stats = read_stats(store.root)
+                line += f", pool {t['pool_in_use']}/{files} files in use"
+        if t["migration_fill"] is not None:
+            line += (f"; migration fill {t['migration_fill']:.0%} ({t['fill_basis']}; "
+                     f"{report['policy']})")
+        lines.append(line)
+    stats = report["migration"]
     if stats:
-        print(f"migration: {_plural(stats.get('runs', 0), 'run')}, "
-              f"{_plural(stats.get('segments_down', 0), 'segment')} "
-              f"({_human(stats.get('bytes_down', 0))}) down, "
-              f"{_plural(stats.get('segments_up', 0), 'segment')} "
-              f"({_human(stats.get('bytes_up', 0))}) up")
+        lines.append(f"migration: {_plural(stats.get('runs', 0), 'run')}, "
+                     f"{_plural(stats.get('segments_down', 0), 'segment')} "
+                     f"({_human(stats.get('bytes_down', 0))}) down, "
+                     f"{_plural(stats.get('segments_up', 0), 'segment')} "
+                     f"({_human(stats.get('bytes_up', 0))}) up")
+    lines += [f"note: {n}" for n in report["notes"]]
+    return lines
+
+
+def cmd_tiers(args: argparse.Namespace) -> int:
+    _emit(tiers_report(_open_store(args.root)), args.json, render_tiers)
     return 0
 
 
@@ -320,6 +382,150 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+RESET_NOTE = ("a running query of the group records its own position at its next commit, "
+              "overwriting a reset (as in Kafka): stop the group's queries first. A query "
+              "restarted from its checkpoint continues from the checkpoint; one started "
+              "with a fresh checkpoint and startingOffsets=group starts from the reset")
+
+
+def groups_report(store: Store, topic: str | None = None, group: str | None = None
+                  ) -> dict[str, Any]:
+    """Every consumer group of ``topic`` (all topics if None), or only ``group``: per
+    partition its committed offset, the log's earliest and latest offsets, and the lag (None
+    where the group has committed nothing; a reader starting from the group starts there at
+    the earliest offset). Naming a group no topic has is an error listing the groups."""
+    names = [topic] if topic is not None else store.topics()
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for name in names:
+        t = store.topic(name)
+        positions = t.positions()
+        seen.update(positions)
+        earliest, latest = t.earliest_offsets(), t.latest_offsets()
+        for g in sorted(positions):
+            if group is not None and g != group:
+                continue
+            parts = []
+            for p in range(t.partitions):
+                committed = positions[g].get(p)
+                parts.append({"partition": p, "committed": committed,
+                              "earliest": earliest[p], "latest": latest[p],
+                              "lag": None if committed is None else latest[p] - committed})
+            out.append({"topic": name, "group": g, "partitions": parts,
+                        "lag": sum(x["lag"] for x in parts if x["lag"] is not None)})
+    if group is not None and not out:
+        where = f"topic {topic!r}" if topic is not None else f"the store {store.root}"
+        raise PafkaError(f"consumer group {group!r} has no committed offsets on {where}; "
+                         f"groups: {', '.join(sorted(seen)) or '(none)'}")
+    return {"root": store.root, "topic": topic, "groups": out}
+
+
+def render_groups(report: dict[str, Any]) -> list[str]:
+    """``pafka groups`` for people: one row per group and partition."""
+    if not report["groups"]:
+        where = f"topic {report['topic']}" if report["topic"] else report["root"]
+        return [f"no consumer groups on {where}"]
+    rows = [[g["topic"], g["group"], p["partition"], p["committed"], p["earliest"],
+             p["latest"], p["lag"]] for g in report["groups"] for p in g["partitions"]]
+    return _table(["TOPIC", "GROUP", "PARTITION", "COMMITTED", "EARLIEST", "LATEST", "LAG"],
+                  rows)
+
+
+def reset_group(store: Store, topic: str, group: str, to: str | int | None = None,
+                timestamp_ms: int | None = None, partitions: list[int] | None = None,
+                dry_run: bool = False) -> dict[str, Any]:
+    """Set consumer group ``group``'s committed offsets on ``topic``: ``to`` is "earliest",
+    "latest" or an offset within each partition's range, or ``timestamp_ms`` picks the first
+    offset committed at or after it. Only ``partitions`` when given (the group's other
+    partitions keep theirs), else every partition (the whole position is replaced). A group
+    with no position yet is created. ``dry_run`` computes without recording."""
+    if (to is None) == (timestamp_ms is None):
+        raise PafkaError("give one of --reset-to and --reset-to-timestamp")
+    t = store.topic(topic)
+    before = t.positions().get(group)
+    earliest, latest = t.earliest_offsets(), t.latest_offsets()
+    chosen = sorted(set(partitions)) if partitions else list(range(t.partitions))
+    for p in chosen:
+        if not 0 <= p < t.partitions:
+            raise PafkaError(f"--partition {p}: topic {topic!r} has partitions "
+                             f"0..{t.partitions - 1}")
+    new: dict[int, int] = {}
+    for p in chosen:
+        if timestamp_ms is not None:
+            new[p] = t.offset_for_time(p, timestamp_ms)
+        elif to == "earliest":
+            new[p] = earliest[p]
+        elif to == "latest":
+            new[p] = latest[p]
+        else:
+            assert isinstance(to, int)
+            if not earliest[p] <= to <= latest[p]:
+                raise PafkaError(f"--reset-to {to} is outside partition {p} of topic "
+                                 f"{topic!r}: it allows {earliest[p]} (earliest) to "
+                                 f"{latest[p]} (latest: nothing left to read); use earliest, "
+                                 "latest, or --partition to reset only some partitions")
+            new[p] = to
+    if not dry_run:
+        if partitions:
+            t.set_position(group, new)
+        else:
+            t.reset_position(group, new)
+    was = before or {}
+    return {"topic": topic, "group": group,
+            "to": to if timestamp_ms is None else {"timestamp_ms": timestamp_ms},
+            "created": before is None, "dry_run": dry_run,
+            "partitions": [{"partition": p, "before": was.get(p), "after": new[p],
+                            "latest": latest[p], "lag": latest[p] - new[p]} for p in chosen],
+            "note": RESET_NOTE}
+
+
+def render_reset(report: dict[str, Any]) -> list[str]:
+    """The result of ``pafka groups --reset-to`` for people."""
+    to = report["to"]
+    what = f"timestamp {to['timestamp_ms']} ms" if isinstance(to, dict) else str(to)
+    head = (f"{'would reset' if report['dry_run'] else 'reset'} consumer group "
+            f"{report['group']} on topic {report['topic']} to {what}")
+    if report["created"]:
+        head += " (a new group)"
+    if report["dry_run"]:
+        head += "; dry run: nothing recorded"
+    rows = [[p["partition"], p["before"], p["after"], p["latest"], p["lag"]]
+            for p in report["partitions"]]
+    return [head, *_table(["PARTITION", "BEFORE", "AFTER", "LATEST", "LAG"], rows),
+            f"note: {report['note']}"]
+
+
+def delete_group(store: Store, topic: str, group: str) -> dict[str, Any]:
+    """Forget consumer group ``group``'s position on ``topic``."""
+    t = store.topic(topic)
+    before = t.positions().get(group)
+    t.delete_group(group)
+    return {"topic": topic, "group": group, "deleted": before}
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    resetting = args.reset_to is not None or args.reset_to_timestamp is not None
+    acting = "--reset-to" if resetting else "--delete" if args.delete else None
+    if acting is not None and (args.topic is None or args.group is None):
+        raise PafkaError(f"{acting} needs a topic and a group: pafka groups ROOT TOPIC --group "
+                         f"NAME {acting}{' earliest' if resetting else ''}")
+    if args.partition and not resetting:
+        raise PafkaError("--partition applies to --reset-to and --reset-to-timestamp")
+    if args.dry_run and not resetting:
+        raise PafkaError("--dry-run applies to --reset-to and --reset-to-timestamp")
+    store = _open_store(args.root)
+    if resetting:
+        _emit(reset_group(store, args.topic, args.group, args.reset_to, args.reset_to_timestamp,
+                          args.partition, args.dry_run), args.json, render_reset)
+    elif args.delete:
+        _emit(delete_group(store, args.topic, args.group), args.json,
+              lambda r: [f"deleted consumer group {r['group']} from topic {r['topic']} "
+                         f"(it had committed {json.dumps(r['deleted'])})"])
+    else:
+        _emit(groups_report(store, args.topic, args.group), args.json, render_groups)
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
     store = _open_store(args.root)
@@ -351,6 +557,30 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _reset_target(text: str) -> str | int:
+    """earliest | latest | an offset."""
+    if text.strip().lower() in ("earliest", "latest"):
+        return text.strip().lower()
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected earliest, latest or an offset (an integer "
+                                         f">= 0), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pafka", description=DESCRIPTION)
     ap.add_argument("--version", action="version", version=f"pafka {__version__}")
@@ -373,8 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = command("topics", "list the topics of a store")
     t.add_argument("root")
     t.set_defaults(func=cmd_topics)
-    u = command("tiers", "show each tier's usage and the fill the migration policy sees")
+    u = command("tiers", "show each tier's usage, its usable capacity (a PMEM tier's: its "
+                         "pool, log.pmem.pool.ratio of its size) and the fill the migration "
+                         "policy sees")
     u.add_argument("root")
+    u.add_argument("--json", action="store_true", help="print JSON instead of text")
     u.set_defaults(func=cmd_tiers)
     m = command("migrate", "apply the migration policy once, or keep applying it")
     m.add_argument("root")
@@ -402,6 +635,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("root")
     c.add_argument("topic")
     c.set_defaults(func=cmd_describe)
+    g = command("groups", "list consumer groups with their committed offsets and lag per "
+                          "partition, or reset or delete a group's offsets on a topic")
+    g.epilog = ("Examples: pafka groups ROOT; pafka groups ROOT clicks --json; pafka groups "
+                "ROOT clicks --group billing --reset-to earliest; ... --reset-to 1200 "
+                "--partition 0; ... --reset-to-timestamp 1700000000000 --dry-run. Note: "
+                + RESET_NOTE + ".")
+    g.add_argument("root")
+    g.add_argument("topic", nargs="?", help="the topic (all topics when listing without it)")
+    g.add_argument("--group", help="one consumer group (required to reset or delete)")
+    g.add_argument("--json", action="store_true", help="print JSON instead of text")
+    to = g.add_mutually_exclusive_group()
+    to.add_argument("--reset-to", type=_reset_target, metavar="earliest|latest|OFFSET",
+                    help="set the group's committed offsets: each partition's earliest or "
+                         "latest offset, or OFFSET (within each partition's range)")
+    to.add_argument("--reset-to-timestamp", type=_non_negative, metavar="MS",
+                    help="set the group's committed offsets to the first record committed at "
+                         "or after MS (milliseconds since the epoch; latest if none)")
+    to.add_argument("--delete", action="store_true",
+                    help="forget the group's committed offsets on the topic")
+    g.add_argument("--partition", type=_non_negative, action="append", metavar="P",
+                   help="reset only partition P (repeatable); the group's other partitions "
+                        "keep their offsets. Without it every partition is reset")
+    g.add_argument("--dry-run", action="store_true",
+                   help="show what a reset would record, without recording it")
+    g.set_defaults(func=cmd_groups)
     k = command("check", "verify topics against their commit logs and checksums")
     k.add_argument("root")
     k.add_argument("--topic")

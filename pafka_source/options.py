@@ -24,8 +24,11 @@ SOURCE_OPTIONS = {
     "topic": "one topic to read",
     "subscribe": "comma-separated topics to read",
     "subscribepattern": "regular expression of topics to read",
-    "startingoffsets": "earliest | latest | JSON {topic: {partition: offset}} (-2 earliest, -1 "
-                       "latest)",
+    "startingoffsets": "earliest | latest | group | JSON {topic: {partition: offset}} (-2 "
+                       "earliest, -1 latest). group: the committed offsets of consumerGroup "
+                       "(a partition it has none for starts at earliest; a group the topics do "
+                       "not have is an error); a batch read then reads from them to the end, "
+                       "recording nothing",
     "endingoffsets": "latest | JSON {topic: {partition: offset}} (-1 latest; batch reads only)",
     "startingtimestamp": "milliseconds since the epoch: start at the first record committed "
                          "then or later",
@@ -40,7 +43,9 @@ SOURCE_OPTIONS = {
     "maxtriggerdelay": "... but no longer than this (e.g. 15m, 30s, 500ms)",
     "minpartitions": "positive integer: at least this many Spark partitions per batch",
     "maxrecordsperpartition": "positive integer: at most this many records per Spark partition",
-    "consumergroup": "name under which the query's committed offsets are recorded",
+    "consumergroup": "name under which a streaming query's committed offsets are recorded "
+                     "(each batch's end, once the next batch starts); with "
+                     "startingOffsets=group, also where a new query starts",
     "verifychecksums": "true | false (default true): verify every chunk's checksum before "
                        "decoding it; false trusts the bytes (a damaged chunk may then give "
                        "wrong rows or crash the worker)",
@@ -240,10 +245,13 @@ def parse_offsets(opts: Mapping[str, str], name: str, ending: bool = False
     s = str(v).strip()
     example = '{"clicks": {"0": 23, "1": -1}}' if ending else '{"clicks": {"0": 23, "1": -2}}'
     expected = f"latest, or JSON like {example}" if ending else \
-        f"earliest, latest, or JSON like {example}"
-    if s.lower() in ("latest", "earliest"):
+        f"earliest, latest, group (with consumerGroup), or JSON like {example}"
+    if s.lower() in ("latest", "earliest", "group"):
         if s.lower() == "earliest" and ending:
             raise _bad(name, v, f"{expected} (a read cannot end at the earliest offsets)")
+        if s.lower() == "group" and ending:
+            raise _bad(name, v, f"{expected} (a read cannot end at a consumer group's "
+                                "offsets)")
         return s.lower()
     parsed = _json(name, s, expected)
     if ending:
@@ -357,9 +365,15 @@ class SourceOptions:
                              "startingoffsetsbytimestamp") if opts.get(k) is not None]
         if len(given) > 1:
             raise PafkaError(f"set at most one of {', '.join(display(k) for k in given)}")
+        starting = parse_offsets(opts, "startingoffsets")
+        group = _non_empty(opts, "consumergroup", "a consumer group name")
+        if starting == "group" and group is None:
+            raise PafkaError("option 'startingOffsets' is 'group', but no 'consumerGroup' is "
+                             "set: name the group to start from with "
+                             ".option('consumerGroup', NAME)")
         return cls(
             root=_root(opts), topics=topics, pattern=pattern,
-            starting=parse_offsets(opts, "startingoffsets"),
+            starting=starting,
             ending=parse_offsets(opts, "endingoffsets", ending=True),
             starting_timestamp=starting_ts, starting_by_timestamp=by_ts,
             fail_on_data_loss=_bool(opts, "failondataloss", True),
@@ -370,15 +384,18 @@ class SourceOptions:
             max_trigger_delay_ms=_duration_ms(opts, "maxtriggerdelay", 15 * 60_000),
             min_partitions=_positive(opts, "minpartitions"),
             max_records_per_partition=_positive(opts, "maxrecordsperpartition") or 1_000_000,
-            consumer_group=_non_empty(opts, "consumergroup", "a consumer group name"),
+            consumer_group=group,
             verify=_bool(opts, "verifychecksums", True),
             config=store_config(opts),
             given=frozenset(k for k, v in opts.items() if v is not None),
         )
 
     def ignored_in_batch(self) -> list[str]:
-        """The streaming-only options set (display names): a batch read ignores them."""
-        return [display(k) for k in STREAM_ONLY_SOURCE_OPTIONS if k in self.given]
+        """The streaming-only options set (display names): a batch read ignores them.
+        consumerGroup counts only without startingOffsets=group, which a batch read uses."""
+        used = ("consumergroup",) if self.starting == "group" else ()
+        return [display(k) for k in STREAM_ONLY_SOURCE_OPTIONS
+                if k in self.given and k not in used]
 
 
 @dataclass(frozen=True)

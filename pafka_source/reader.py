@@ -161,6 +161,8 @@ class _Planning:
         self.target = target_arrow_schema(schema)
         self._store: Store | None = None
         self._topics: dict[str, Topic] = {}
+        # Lost ranges already reported: latestOffset and planning see the same gap.
+        self._reported_losses: set[tuple[str, str, int]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a pickled copy: they need the options and schema, not store handles.
@@ -216,6 +218,55 @@ class _Planning:
                                  f"(reading {list(out)})")
         return out
 
+    def starting_offsets(self, default: str) -> Offsets:
+        """Where a read starts: startingTimestamp/startingOffsetsByTimestamp, the consumer
+        group's offsets (startingOffsets=group), or startingOffsets (``default`` unset)."""
+        by_time = self.by_timestamp()
+        if by_time is not None:
+            return by_time
+        if self.opts.starting == "group":
+            return self.group_offsets()
+        return self.resolve(self.opts.starting, default, "startingOffsets")
+
+    def group_offsets(self) -> Offsets:
+        """The committed offsets of ``consumerGroup`` for every partition read; a partition
+        (or topic) the group has no offset for starts at its earliest offset, as Kafka's
+        ``auto.offset.reset=earliest``. A group none of the topics has is an error listing
+        the groups they have: most likely a misspelt name."""
+        group = self.opts.consumer_group
+        assert group is not None  # SourceOptions.parse requires it with startingOffsets=group
+        topics = self.topics()
+        positions = {name: t.positions().get(group) for name, t in topics.items()}
+        if all(pos is None for pos in positions.values()):
+            known = sorted({g for t in topics.values() for g in t.state(refresh=False).positions})
+            where = (f"topic {next(iter(topics))!r}" if len(topics) == 1 else
+                     f"topics {', '.join(repr(n) for n in topics)}")
+            raise PafkaError(
+                f"option 'startingOffsets' is 'group', but consumer group {group!r} has no "
+                f"committed offsets on {where}; groups there: {', '.join(known) or '(none)'}. "
+                "Check the 'consumerGroup' option, or record the group's position first "
+                "(pafka groups ROOT TOPIC --group NAME --reset-to earliest|latest|OFFSET)")
+        out: Offsets = {}
+        for name, t in topics.items():
+            earliest = t.earliest_offsets()
+            pos = positions[name] or {}
+            missing = [p for p in range(t.partitions) if p not in pos]
+            if missing:
+                log.info("consumer group %s has no committed offset for topic %s partition(s) "
+                         "%s: starting them at their earliest offset", group, name,
+                         ", ".join(map(str, missing)))
+            out[name] = {str(p): pos.get(p, earliest[p]) for p in range(t.partitions)}
+        return out
+
+    def report_loss(self, name: str, p: str, start: int, earliest: int) -> None:
+        """Log, once per gap, that ``[start, earliest)`` of a partition is skipped."""
+        if (name, p, start) in self._reported_losses:
+            return
+        self._reported_losses.add((name, p, start))
+        log.warning("topic %r partition %s: offsets [%d, %d) were deleted by retention before "
+                    "they were read; skipping to offset %d (failOnDataLoss=false)", name, p,
+                    start, earliest, earliest)
+
     def by_timestamp(self) -> Offsets | None:
         opts = self.opts
         if opts.starting_timestamp is None and opts.starting_by_timestamp is None:
@@ -241,11 +292,11 @@ class _Planning:
             for p, e in parts.items():
                 s = start.get(name, {}).get(p, earliest[int(p)])
                 if s < earliest[int(p)]:
-                    lost = (f"topic {name!r} partition {p}: offsets [{s}, {earliest[int(p)]}) "
-                            f"were deleted by retention before they were read")
                     if self.opts.fail_on_data_loss:
-                        raise DataLoss(lost + "; set failOnDataLoss=false to skip them")
-                    log.warning("%s; skipping to offset %d", lost, earliest[int(p)])
+                        raise DataLoss(f"topic {name!r} partition {p}: offsets [{s}, "
+                                       f"{earliest[int(p)]}) were deleted by retention before "
+                                       "they were read; set failOnDataLoss=false to skip them")
+                    self.report_loss(name, p, s, earliest[int(p)])
                     s = earliest[int(p)]
                 if e > s:
                     ranges.append((t, int(p), s, e))
@@ -318,8 +369,7 @@ class PafkaBatchReader(_Planning, DataSourceReader):
                         ", ".join(ignored))
 
     def partitions(self) -> list[PafkaPartition]:
-        start = self.by_timestamp() or self.resolve(self.opts.starting, "earliest",
-                                                    "startingOffsets")
+        start = self.starting_offsets("earliest")
         end = self.resolve(self.opts.ending, "latest", "endingOffsets")
         self._check_range(start, end)
         return self.plan(start, end)
@@ -361,8 +411,7 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
         self._last_batch_ms = time.time() * 1000
 
     def initialOffset(self) -> Offsets:
-        start = self.by_timestamp() or self.resolve(self.opts.starting, "latest",
-                                                    "startingOffsets")
+        start = self.starting_offsets("latest")
         return self._within_log(start, "startingOffsets: offset {s} of {where} is beyond the "
                                        "latest offset")
 
@@ -431,21 +480,34 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
             latest = {n: {p: min(o, self._target.get(n, {}).get(p, o)) for p, o in parts.items()}
                       for n, parts in latest.items() if n in self._target}
         # Partitions and topics that appeared since start begin at their earliest offset.
+        # With failOnDataLoss=false, a start below the earliest offset (retention deleted
+        # records the query had not read) jumps to it here, before the limit is applied:
+        # otherwise each micro-batch would cover only lost offsets, empty, until past the gap.
         begin: Offsets = {}
+        held: Offsets = {}  # where the query stands, for a trigger that reads nothing
         for n, parts in latest.items():
             earliest = topics[n].state(refresh=False).start_offset
-            begin[n] = {p: min(start.get(n, {}).get(p, earliest[int(p)]), o)
-                        for p, o in parts.items()}
+            begin[n], held[n] = {}, {}
+            for p, o in parts.items():
+                first = earliest[int(p)]
+                at = held[n][p] = min(start.get(n, {}).get(p, first), o)
+                if at < first and not self.opts.fail_on_data_loss:
+                    self.report_loss(n, p, at, first)
+                    at = min(first, o)
+                begin[n][p] = at
         if not isinstance(limit, ReadAllAvailable):
-            latest = self._limit(begin, latest, topics)
-        if latest != begin:
+            latest = self._limit(begin, latest, topics, held)
+        if latest != held:
             self._last_batch_ms = time.time() * 1000
         # Keep offsets of topics that start knows but no longer match (e.g. a deleted topic).
         for n, parts in start.items():
             latest.setdefault(n, dict(parts))
         return {n: latest[n] for n in sorted(latest)}
 
-    def _limit(self, begin: Offsets, latest: Offsets, topics: dict[str, Topic]) -> Offsets:
+    def _limit(self, begin: Offsets, latest: Offsets, topics: dict[str, Topic],
+               held: Offsets) -> Offsets:
+        """The end of the next batch from ``begin`` under the read limits; ``held`` (where
+        the query stands) while minOffsetsPerTrigger waits, so that no batch runs."""
         o = self.opts
         avail = {(n, p): latest[n][p] - begin[n][p] for n in latest for p in latest[n]}
         total = sum(avail.values())
@@ -453,7 +515,7 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
             return latest
         if o.min_records is not None and self._target is None and total < o.min_records and \
                 time.time() * 1000 - self._last_batch_ms < o.max_trigger_delay_ms:
-            return begin
+            return held
         allow = total
         if o.max_records is not None:
             allow = min(allow, o.max_records)

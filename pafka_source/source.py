@@ -6,11 +6,18 @@ Read::
     spark.read.format("pafka").option("topic", "clicks").load(root)
 
 Source options: ``topic`` | ``subscribe`` | ``subscribePattern``; ``startingOffsets``
-(earliest | latest | JSON, -2/-1), ``startingTimestamp``, ``startingOffsetsByTimestamp``,
+(earliest | latest | group | JSON, -2/-1), ``startingTimestamp``, ``startingOffsetsByTimestamp``,
 ``endingOffsets`` (batch); ``failOnDataLoss``; ``includeMetadata``; ``maxOffsetsPerTrigger``
 (``maxRecordsPerTrigger``), ``maxBytesPerTrigger``, ``minOffsetsPerTrigger`` with
-``maxTriggerDelay``; ``minPartitions``, ``maxRecordsPerPartition``; ``consumerGroup``;
-``verifyChecksums``.
+``maxTriggerDelay``; ``minPartitions``, ``maxRecordsPerPartition``; ``consumerGroup`` (a
+streaming query records its position under it; ``startingOffsets=group`` starts a new query,
+or a batch read, from the group's committed offsets); ``verifyChecksums``.
+
+Start a new query where a consumer group stands (Kafka users reset the group with
+kafka-consumer-groups; here ``pafka groups ROOT TOPIC --group G --reset-to ...``)::
+
+    spark.readStream.format("pafka").option("topic", "clicks")
+      .option("consumerGroup", "billing").option("startingOffsets", "group").load(root)
 
 Write::
 

@@ -106,7 +106,7 @@ def _one_line_error(r, *needles):
 
 
 @pytest.mark.parametrize("command", [["topics"], ["tiers"], ["describe", "{root}", "t"],
-                                     ["check"], ["migrate"]])
+                                     ["check"], ["migrate"], ["groups"]])
 def test_commands_other_than_demo_never_create_a_store(tmp_path, command):
     root = tmp_path / "mistyped"
     args = [a.format(root=root) for a in command]
@@ -357,3 +357,122 @@ def test_demo_waits_for_its_topic_with_a_deadline_and_reports_the_query_error(tm
         wait_for_topic(str(tmp_path), "clicks", _Query(), timeout=0.3)
     Store.open(tmp_path).create_topic("clicks", SCHEMA)
     wait_for_topic(str(tmp_path), "clicks", _Query(), timeout=0.3)
+
+
+# -- consumer groups ------------------------------------------------------------------------------
+def _groups_store(root):
+    """Topic 'clicks' (2 partitions of 500 records) with group g at 100 on partition 0 only."""
+    s = Store.open(root, {"log.segment.bytes": "64k"})
+    t = s.create_topic("clicks", SCHEMA, partitions=2)
+    for i in range(10):
+        t.append(make_batch(i * 100, 100), partition=i % 2)
+    t.set_position("g", {0: 100})
+    return t
+
+
+def _json_of(capsys, *argv):
+    import json
+
+    from pafka_source import cli
+    assert cli.main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_groups_lists_committed_latest_and_lag_per_partition(tmp_path, capsys):
+    t = _groups_store(tmp_path)
+    t.set_position("other", {1: 500})
+    r = _pafka("groups", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["TOPIC", "GROUP", "PARTITION", "COMMITTED", "EARLIEST",
+                                "LATEST", "LAG"]
+    assert lines[1].split() == ["clicks", "g", "0", "100", "0", "500", "400"]
+    assert lines[2].split() == ["clicks", "g", "1", "-", "0", "500", "-"]  # nothing committed
+    assert lines[4].split() == ["clicks", "other", "1", "500", "0", "500", "0"]
+    got = _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "g", "--json")
+    assert got["groups"] == [{"topic": "clicks", "group": "g", "lag": 400, "partitions": [
+        {"partition": 0, "committed": 100, "earliest": 0, "latest": 500, "lag": 400},
+        {"partition": 1, "committed": None, "earliest": 0, "latest": 500, "lag": None}]}]
+    _one_line_error(_pafka("groups", str(tmp_path), "clicks", "--group", "gg"),
+                    "consumer group 'gg' has no committed offsets on topic 'clicks'; "
+                    "groups: g, other")
+    Store.open(tmp_path).create_topic("quiet", SCHEMA)
+    r = _pafka("groups", str(tmp_path), "quiet")
+    assert r.returncode == 0 and r.stdout == "no consumer groups on topic quiet\n"
+
+
+def test_groups_reset_to_earliest_latest_an_offset_or_a_timestamp(tmp_path, capsys):
+    import time
+    t = _groups_store(tmp_path)
+    r = _pafka("groups", str(tmp_path), "clicks", "--group", "g", "--reset-to", "latest")
+    assert r.returncode == 0, r.stderr
+    assert t.positions()["g"] == {0: 500, 1: 500}
+    assert "reset consumer group g on topic clicks to latest" in r.stdout
+    assert "overwriting a reset (as in Kafka)" in r.stdout  # the running-query caveat
+    # One partition only: the others keep their offsets.
+    got = _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "g", "--reset-to",
+                   "250", "--partition", "1", "--json")
+    assert got["partitions"] == [{"partition": 1, "before": 500, "after": 250, "latest": 500,
+                                  "lag": 250}]
+    assert not got["created"] and t.positions()["g"] == {0: 500, 1: 250}
+    # A dry run records nothing; a group that has no position yet is created.
+    got = _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "new", "--reset-to",
+                   "earliest", "--dry-run", "--json")
+    assert got["created"] and got["dry_run"] and "new" not in t.positions()
+    _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "new", "--reset-to",
+             "earliest", "--json")
+    assert t.positions()["new"] == {0: 0, 1: 0}
+    # By time: the first record committed at or after it.
+    time.sleep(0.01)
+    cut = int(time.time() * 1000)
+    time.sleep(0.01)
+    t.append(make_batch(1000, 10), partition=0)
+    _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "new",
+             "--reset-to-timestamp", str(cut), "--json")
+    assert t.positions()["new"] == {0: 500, 1: 500}
+
+
+def test_groups_reset_and_delete_refuse_what_they_cannot_do(tmp_path):
+    t = _groups_store(tmp_path)
+    root = str(tmp_path)
+    _one_line_error(_pafka("groups", root, "--reset-to", "earliest"),
+                    "--reset-to needs a topic and a group: pafka groups ROOT TOPIC --group")
+    _one_line_error(_pafka("groups", root, "clicks", "--delete"), "--delete needs a topic")
+    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--partition", "0"),
+                    "--partition applies to --reset-to")
+    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--reset-to", "501"),
+                    "--reset-to 501 is outside partition 0 of topic 'clicks': it allows 0 "
+                    "(earliest) to 500 (latest")
+    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--reset-to", "0",
+                           "--partition", "7"), "--partition 7: topic 'clicks' has partitions 0..1")
+    r = _pafka("groups", root, "clicks", "--group", "g", "--reset-to", "soon")
+    assert r.returncode == 2 and "expected earliest, latest or an offset" in r.stderr
+    r = _pafka("groups", root, "clicks", "--group", "g", "--reset-to", "0", "--delete")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+    assert t.positions() == {"g": {0: 100}}  # nothing changed
+    r = _pafka("groups", root, "clicks", "--group", "g", "--delete")
+    assert r.returncode == 0 and "deleted consumer group g from topic clicks" in r.stdout
+    assert t.positions() == {}
+    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--delete"),
+                    "topic 'clicks' has no consumer group 'g'")
+
+
+def test_tiers_shows_a_pmem_tiers_usable_capacity_its_pool(tmp_path, shm_dir, capsys):
+    s = Store.open(tmp_path, {
+        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 0.5})
+    s.create_topic("t", SCHEMA).append(make_batch(0, 100))
+    r = _pafka("tiers", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "of 1.0 MiB (usable 512.0 KiB: the pool), 1 segment, pool 1/8 files in use" in r.stdout
+    assert ("note: tier 1 is PMEM: it holds segments only in its pool of pre-allocated files, "
+            "so it can use log.pmem.pool.ratio (0.5) of its size") in r.stdout
+    got = _json_of(capsys, "tiers", str(tmp_path), "--json")
+    pmem, hdd = got["tiers"]
+    assert (pmem["capacity"], pmem["usable_capacity"], pmem["pool_ratio"]) == (
+        1024 * 1024, 512 * 1024, 0.5)
+    assert (pmem["pool_files"], pmem["pool_in_use"]) == (8, 1)
+    assert pmem["fill_basis"] == "segments per pool file" and pmem["migration_fill"] == 1 / 8
+    assert hdd["usable_capacity"] == hdd["capacity"] == 0  # unbounded
+    assert len(got["notes"]) == 1 and "log.pmem.pool.ratio" in got["notes"][0]

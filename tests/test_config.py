@@ -179,3 +179,49 @@ def test_readme_option_tables_match_the_declared_options():
     from pafka_source.options import markdown_tables
     with open(os.path.join(ROOT, "README.md")) as f:
         assert markdown_tables() in f.read()
+
+
+def test_tier_types_given_without_a_channel_type_imply_tiered(tmp_path):
+    # storage.tiers.types is read only by log.channel.type=tiered, whose default is file:
+    # listing the types alone used to make one FILE tier without a word.
+    s = Store.open(tmp_path / "dict", {"storage.tiers.types": "NVME,HDD"})
+    assert [t.type for t in s.tiers] == ["NVME", "HDD"]
+    assert s.config["log.channel.type"] == "tiered"
+    # Saved as tiered: a later open with no configuration finds the same two tiers.
+    assert [t.type for t in Store.open(tmp_path / "dict").tiers] == ["NVME", "HDD"]
+    props = tmp_path / "p.properties"
+    props.write_text("storage.tiers.types=NVME,SSD,HDD\n")
+    assert [t.type for t in Store.open(tmp_path / "file", str(props)).tiers] == [
+        "NVME", "SSD", "HDD"]
+    # Only an explicit value counts: the key's default (PMEM,HDD) implies nothing.
+    assert [t.type for t in Store.open(tmp_path / "default").tiers] == ["FILE"]
+    # Types that agree with an explicit single-tier channel type are fine.
+    assert [t.type for t in Store.open(tmp_path / "one", {
+        "log.channel.type": "file", "storage.tiers.types": "FILE"}).tiers] == ["FILE"]
+
+
+@pytest.mark.parametrize("channel,types,count", [("file", "PMEM,HDD", "2 tiers"),
+                                                 ("pmem", "NVME", "1 tier"),
+                                                 ("file", "PMEM", "1 tier")])
+def test_tier_types_contradicting_an_explicit_channel_type_are_an_error(tmp_path, channel,
+                                                                        types, count):
+    with pytest.raises(ConfigError, match=rf"log\.channel\.type={channel} makes one "
+                                          rf"{channel.upper()} tier, but storage\.tiers\.types="
+                                          rf"{types} lists {count}: set log\.channel\.type="
+                                          "tiered"):
+        Store.open(tmp_path / "s", {"log.channel.type": channel, "storage.tiers.types": types})
+    assert not (tmp_path / "s").exists()  # refused before anything was made
+    props = tmp_path / "p.properties"
+    props.write_text(f"log.channel.type={channel}\nstorage.tiers.types={types}\n")
+    with pytest.raises(ConfigError, match=r"log\.channel\.type=.*storage\.tiers\.types="):
+        Store.open(tmp_path / "s", str(props))
+
+
+def test_a_pmem_tiers_usable_capacity_is_its_pool_and_the_key_says_so(tmp_path, shm_dir):
+    doc = KEYS["log.pmem.pool.ratio"].doc
+    assert "usable capacity is this ratio times its size" in doc
+    assert doc in properties_text() and doc in markdown_table()
+    s = Store.open(tmp_path, {"log.channel.type": "pmem", "storage.tiers.first.paths": shm_dir,
+                              "storage.tiers.first.sizes": "1m", "log.segment.bytes": "64k",
+                              "log.pmem.pool.ratio": 0.5})
+    assert s.tiers[0].pool_size == 8  # 0.5 x 1 MiB in 64 KiB segment files

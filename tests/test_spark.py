@@ -309,6 +309,50 @@ def test_consumer_group_records_the_committed_position(spark, tmp_path):
     assert 0 < sum(pos.values()) <= 3000
 
 
+def test_a_new_query_starts_at_its_consumer_groups_committed_offsets(spark, tmp_path):
+    s, t = _fill(tmp_path, "src", 3000, partitions=2)
+    # A first query records group g's position as it goes.
+    _run_available_now(spark, tmp_path, "src", "dst", tmp_path / "ck1",
+                       startingOffsets="earliest", consumerGroup="g", maxOffsetsPerTrigger=1000)
+    recorded = t.positions()["g"]
+    assert recorded[0] > 0
+    # As after `pafka groups ... --reset-to`: partition 1 has no committed offset now.
+    t.reset_position("g", {0: recorded[0]})
+    t.append(make_batch(3000, 200), partition=1)
+    latest = t.latest_offsets()
+    q = (spark.readStream.format("pafka").option("topic", "src")
+         .option("startingOffsets", "group").option("consumerGroup", "g")
+         .option("includeMetadata", "true").load(str(tmp_path))
+         .select("_partition", "_offset").writeStream.format("memory")
+         .queryName("from_group").option("checkpointLocation", str(tmp_path / "ck2"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    got = sorted(tuple(r) for r in spark.sql("select * from from_group").collect())
+    assert got == [(0, o) for o in range(recorded[0], latest[0])] + \
+        [(1, o) for o in range(latest[1])]  # no position: from the earliest offset
+
+
+def test_a_limited_query_behind_a_range_lost_to_retention_jumps_it_in_one_step(spark, tmp_path):
+    s, t = _fill(tmp_path, "src", 500, partitions=1, per_append=100,
+                 **{"log.segment.bytes": "64k"})
+    ck = tmp_path / "ck"
+    opts = {"startingOffsets": "earliest", "failOnDataLoss": "false",
+            "maxOffsetsPerTrigger": 500}
+    _run_available_now(spark, tmp_path, "src", "dst", ck, **opts)
+    # The query is at 500; while it is stopped the topic grows and retention deletes a range
+    # of many batches past it.
+    for start in range(500, 8500, 100):
+        t.append(make_batch(start, 100))
+    Store.open(tmp_path, {"log.retention.bytes": "100k"}).topic("src").apply_retention()
+    earliest, latest = t.earliest_offsets()[0], t.latest_offsets()[0]
+    assert earliest - 500 >= 5 * 500  # the gap would have made five empty batches and more
+    q = _run_available_now(spark, tmp_path, "src", "dst", ck, **opts)
+    sizes = [p["numInputRows"] for p in q.recentProgress]
+    left = latest - earliest
+    assert sizes == [500] * (left // 500) + ([left % 500] if left % 500 else [])
+    assert _keys(spark, tmp_path, "dst") == list(range(500)) + list(range(earliest, latest))
+
+
 def test_subscribe_pattern_reads_topics_with_equal_schemas_and_rejects_others(spark, tmp_path):
     _fill(tmp_path, "a.1", 100)
     s, _ = _fill(tmp_path, "a.2", 50)

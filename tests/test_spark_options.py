@@ -302,3 +302,94 @@ def test_small_ranges_share_spark_partitions_and_big_ones_stay_apart(spark, root
     got = sorted((r["_partition"], r["_offset"]) for r in df.select("_partition", "_offset")
                  .collect())
     assert got == [(p, o) for p, n in sorted(latest.items()) for o in range(n)]
+
+
+# -- starting from a consumer group ---------------------------------------------------------------
+def test_starting_offsets_group_needs_a_consumer_group_and_cannot_end_a_read():
+    base = {"path": "/r", "topic": "t"}
+    raises(lambda: SourceOptions.parse({**base, "startingOffsets": "group"}),
+           "option 'startingOffsets' is 'group', but no 'consumerGroup' is set")
+    raises(lambda: SourceOptions.parse({**base, "endingOffsets": "group",
+                                        "consumerGroup": "g"}),
+           "for option 'endingOffsets'.*cannot end at a consumer group's offsets")
+    opts = SourceOptions.parse({**base, "startingOffsets": "Group", "consumerGroup": "g"})
+    assert (opts.starting, opts.consumer_group) == ("group", "g")
+    msg = raises(lambda: SourceOptions.parse({**base, "startingOffsets": "grop"}),
+                 "invalid value 'grop' for option 'startingOffsets'")
+    assert "group (with consumerGroup)" in msg
+
+
+def test_a_stream_starts_at_the_groups_offsets_and_earliest_where_it_has_none(root):
+    t = Store.open(root).topic("t")
+    t.set_position("g", {0: 7, 2: 11})
+    ds = source(root, topic="t", startingOffsets="group", consumerGroup="g")
+    assert ds.streamReader(ds.schema()).initialOffset() == {"t": {"0": 7, "1": 0, "2": 11}}
+    # A batch read starts there too, and reads to the end; it records no position.
+    parts = batch_partitions(root, topic="t", startingOffsets="group", consumerGroup="g")
+    latest = t.latest_offsets()
+    assert sorted((p.partition, p.start, p.end) for part in parts for p in part.plans) == [
+        (0, 7, latest[0]), (1, 0, latest[1]), (2, 11, latest[2])]
+    assert t.positions() == {"g": {0: 7, 2: 11}}
+
+
+def test_a_group_the_topics_do_not_have_is_an_error_listing_their_groups(root, caplog):
+    t = Store.open(root).topic("t")
+    t.set_position("billing", {0: 1})
+    t.set_position("audit", {0: 2})
+    ds = source(root, topic="t", startingOffsets="group", consumerGroup="biling")
+    with pytest.raises(PafkaError, match="option 'startingOffsets' is 'group', but consumer "
+                                         "group 'biling' has no committed offsets on topic "
+                                         "'t'; groups there: audit, billing"):
+        ds.streamReader(ds.schema()).initialOffset()
+    with pytest.raises(PafkaError, match="groups there: audit, billing"):
+        batch_partitions(root, topic="t", startingOffsets="group", consumerGroup="biling")
+    # The batch read uses consumerGroup: it is not reported as a streaming-only option.
+    with caplog.at_level(logging.WARNING):
+        batch_partitions(root, topic="t", startingOffsets="group", consumerGroup="audit")
+    assert "only apply to streaming reads" not in caplog.text
+
+
+# -- skipping a range lost to retention -------------------------------------------------------
+@pytest.fixture
+def gap(tmp_path):
+    """Topic 'g', one partition of 64 KiB segments, 80 appends of 100 records; retention
+    then deleted its oldest segments. Returns (root, earliest, latest)."""
+    root = str(tmp_path / "gap")
+    t = Store.open(root, {"log.segment.bytes": "64k"}).create_topic("g", SCHEMA)
+    for i in range(80):
+        t.append(make_batch(i * 100, 100))
+    Store.open(root, {"log.retention.bytes": "100k"}).topic("g").apply_retention()
+    earliest, latest = t.earliest_offsets()[0], t.latest_offsets()[0]
+    assert 100 < earliest < latest - 100
+    return root, earliest, latest
+
+
+def test_a_limited_stream_jumps_over_a_lost_range_in_one_step(gap, caplog):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+    root, earliest, latest = gap
+    ds = source(root, topic="g", failOnDataLoss="false", maxOffsetsPerTrigger="100")
+    reader = ds.streamReader(ds.schema())
+    with caplog.at_level(logging.WARNING):
+        end = reader.latestOffset({"g": {"0": 20}}, ReadMaxRows(100))
+        assert end == {"g": {"0": earliest + 100}}  # not 120: a batch of lost offsets only
+        (part,) = reader.partitions({"g": {"0": 20}}, end)
+    assert [(p.start, p.end) for p in part.plans] == [(earliest, earliest + 100)]
+    warned = [r.getMessage() for r in caplog.records if "deleted by retention" in r.getMessage()]
+    assert warned == [f"topic 'g' partition 0: offsets [20, {earliest}) were deleted by "
+                      f"retention before they were read; skipping to offset {earliest} "
+                      "(failOnDataLoss=false)"]  # once, though planning sees the gap too
+    # failOnDataLoss=true leaves the position alone: planning the batch fails naming the gap.
+    strict = source(root, topic="g", maxOffsetsPerTrigger="100")
+    reader = strict.streamReader(strict.schema())
+    end = reader.latestOffset({"g": {"0": 20}}, ReadMaxRows(100))
+    assert end == {"g": {"0": 120}}
+    with pytest.raises(DataLoss, match=rf"offsets \[20, {earliest}\) were deleted"):
+        reader.partitions({"g": {"0": 20}}, end)
+
+
+def test_waiting_for_min_offsets_does_not_run_a_batch_over_a_lost_range(gap):
+    from pyspark.sql.streaming.datasource import ReadMinRows
+    root, earliest, latest = gap
+    ds = source(root, topic="g", failOnDataLoss="false", minOffsetsPerTrigger="100000")
+    reader = ds.streamReader(ds.schema())
+    assert reader.latestOffset({"g": {"0": 20}}, ReadMinRows(100000)) == {"g": {"0": 20}}

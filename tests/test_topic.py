@@ -284,6 +284,63 @@ def test_positions_are_recorded_per_group(file_store):
     t.set_position("g1", {1: 10})  # the end of the log: nothing left to read
 
 
+def test_set_position_merges_into_the_groups_other_partitions(file_store):
+    t = file_store.create_topic("t", SCHEMA, partitions=3)
+    for p in range(3):
+        t.append(make_batch(p * 10, 10), partition=p)
+    t.set_position("g", {0: 5, 1: 7, 2: 9})
+    t.set_position("g", {0: 0})  # overrides partition 0 only
+    assert t.positions()["g"] == {0: 0, 1: 7, 2: 9}
+    with pytest.raises(PafkaError, match="names no partition; delete_group"):
+        t.set_position("g", {})
+    assert Store.open(file_store.root).topic("t").positions()["g"] == {0: 0, 1: 7, 2: 9}
+
+
+def test_set_position_merges_against_the_state_it_publishes_on(file_store):
+    t = file_store.create_topic("t", SCHEMA, partitions=2)
+    for p in range(2):
+        t.append(make_batch(p * 10, 10), partition=p)
+    stale = Store.open(file_store.root).topic("t")
+    stale.state()  # this handle last looked before the other's commit below
+    t.set_position("g", {1: 7})
+    stale.set_position("g", {0: 5})  # merged with what was published since, not forgotten
+    assert t.positions()["g"] == {0: 5, 1: 7}
+    # Many handles committing their own partitions at once: none is lost.
+    t.add_partitions(6)
+    handles = [Store.open(file_store.root).topic("t") for _ in range(8)]
+    threads = [threading.Thread(target=h.set_position, args=("h", {p: 0}))
+               for p, h in enumerate(handles)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert t.positions()["h"] == {p: 0 for p in range(8)}
+
+
+def test_reset_position_replaces_the_whole_position_and_delete_group_forgets_it(tmp_path):
+    s = Store.open(tmp_path, {"log.checkpoint.interval": 2})
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    for p in range(2):
+        t.append(make_batch(p * 10, 10), partition=p)
+    t.set_position("g", {0: 5, 1: 7})
+    t.set_position("keep", {0: 1})
+    t.reset_position("g", {1: 2})
+    assert t.positions() == {"g": {1: 2}, "keep": {0: 1}}
+    t.reset_position("new", {0: 3})  # a group with no position yet is created
+    t.delete_group("g")
+    for _ in range(3):  # past a checkpoint: what it carries is what replay gives
+        t.append(make_batch(100, 1), partition=0)
+    assert Store.open(tmp_path).topic("t").positions() == {"keep": {0: 1}, "new": {0: 3}}
+    with pytest.raises(PafkaError, match="topic 't' has no consumer group 'g'; its groups: "
+                                         "keep, new"):
+        t.delete_group("g")
+    with pytest.raises(PafkaError, match="offset 99 for partition 0 of topic 't' is past"):
+        t.reset_position("keep", {0: 99})
+    with pytest.raises(PafkaError, match="consumer group must be a non-empty string"):
+        t.reset_position("", {0: 1})
+    assert t.positions()["keep"] == {0: 1}
+
+
 def test_retention_bytes_deletes_oldest_sealed_segments_and_reads_below_raise_data_loss(
         tmp_path):
     s = Store.open(tmp_path, {"log.segment.bytes": "64k", "log.retention.bytes": "200k",

@@ -159,11 +159,15 @@ KEYS: dict[str, ConfigKey] = {
     for k in [
         ConfigKey("log.channel.type", "enum", "file",
                   "Storage layout: one file tier (file), one pmem tier (pmem), or the tiers "
-                  "listed in storage.tiers.types (tiered).", choices=CHANNEL_TYPES),
+                  "listed in storage.tiers.types (tiered). Setting storage.tiers.types without "
+                  "this key implies tiered.", choices=CHANNEL_TYPES),
         ConfigKey("storage.tiers.types", "list", ("PMEM", "HDD"),
-                  "Tier types, fastest first, for log.channel.type=tiered. PMEM tiers are "
-                  "written through a memory mapping with libpmem; REMOTE tiers (an fsspec URL) "
-                  "hold sealed segments only; the others are written with write + fsync.",
+                  "Tier types, fastest first, for log.channel.type=tiered (setting this key "
+                  "implies tiered; a list contradicting log.channel.type=file or pmem is an "
+                  "error). PMEM "
+                  "tiers are written through a memory mapping with libpmem; REMOTE tiers (an "
+                  "fsspec URL) hold sealed segments only; the others are written with write + "
+                  "fsync.",
                   choices=TIER_TYPES, note="the first not REMOTE"),
         ConfigKey("storage.tiers.first.paths", "path", "",
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
@@ -201,7 +205,10 @@ KEYS: dict[str, ConfigKey] = {
                   "of fresh data then read from the device; 0 = never.",
                   changeable=True, minimum=0),
         ConfigKey("log.pmem.pool.ratio", "float", 0.8,
-                  "Fraction of a PMEM tier pre-allocated as a pool of segment files.",
+                  "Fraction of a PMEM tier pre-allocated as a pool of segment files. A PMEM "
+                  "tier holds segments only in its pool, so its usable capacity is this ratio "
+                  "times its size, in whole log.segment.bytes files: 0.8 of a 1 GiB tier with "
+                  "64 MiB segments is 12 pool files, 768 MiB (pafka tiers shows it).",
                   minimum=0.01, maximum=1.0),
         ConfigKey("log.segment.bytes", "size", 64 * MiB,
                   "Size at which the active segment is sealed and the next one started.",
@@ -309,16 +316,51 @@ def parse_config(values: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def load_config(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Accept a dict, a ``.properties`` path, or None; return parsed canonical keys."""
+    """Accept a dict, a ``.properties`` path, or None; return parsed canonical keys.
+
+    What a user gives is completed by :func:`imply_channel` (the saved configuration of a
+    store is not: it is read with :func:`parse_config`, as it was saved)."""
     if config is None:
         return {}
     if isinstance(config, str | os.PathLike):
-        return parse_config(read_properties(config))
+        return imply_channel(parse_config(read_properties(config)))
     if isinstance(config, Mapping):
-        return parse_config(config)
+        return imply_channel(parse_config(config))
     raise ConfigError(
         f"config must be a dict or the path of a .properties file, not {type(config).__name__}"
     )
+
+
+# The one tier each single-tier channel type makes.
+_CHANNEL_TIER = {"file": "FILE", "pmem": "PMEM"}
+
+
+def imply_channel(values: dict[str, Any]) -> dict[str, Any]:
+    """Make an explicit ``storage.tiers.types`` mean what it says.
+
+    ``log.channel.type`` defaults to ``file`` (one FILE tier), and only ``tiered`` reads
+    ``storage.tiers.types``: listing the types alone used to make a single FILE tier without
+    a word. Types given without a channel type now imply ``tiered``; types that contradict an
+    explicit ``file`` or ``pmem`` (anything but that channel's one tier) are an error. Only
+    explicit keys count: the types' default (``PMEM,HDD``) implies nothing."""
+    types = values.get("storage.tiers.types")
+    if types is None:
+        return values
+    channel = values.get("log.channel.type")
+    if channel is None:
+        return {**values, "log.channel.type": "tiered"}
+    one = _CHANNEL_TIER.get(channel)
+    if one is not None and tuple(types) != (one,):
+        raise ConfigError(
+            f"log.channel.type={channel} makes one {one} tier, but storage.tiers.types="
+            f"{render_value(types)} lists {_count(len(types), 'tier')}: set "
+            "log.channel.type=tiered for the tiers listed (or leave log.channel.type out: "
+            "listing storage.tiers.types implies tiered), or remove storage.tiers.types")
+    return values
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 @dataclass(frozen=True)
@@ -443,7 +485,6 @@ def properties_text() -> str:
               "#storage.tiers.3.paths=s3://bucket/pafka",
               "#storage.tiers.3.sizes=0", ""]
     return "\n".join(lines)
-
 
 
 def render_value(value: Any) -> str:

@@ -10,8 +10,9 @@ Replay rules, applied in version order:
   retained record; the files become tombstones, reclaimed after the grace period.
 * ``move`` replaces sealed segments of one partition by one segment on another tier; offsets
   are unchanged, chunk positions are the new ones; the old files become tombstones.
-* ``partitions`` raises the partition count; ``position`` records a consumer group's offsets;
-  ``config`` updates topic config (the most recent value of a key wins).
+* ``partitions`` raises the partition count; ``position`` replaces a consumer group's offsets
+  (the whole position: merging happens before publishing), and an empty one deletes the
+  group; ``config`` updates topic config (the most recent value of a key wins).
 * Every entry's ``ts`` raises ``last_ts``; timestamps are monotonic per topic.
 """
 
@@ -194,7 +195,12 @@ class TopicState:
         elif isinstance(entry, PartitionsEntry):
             self._grow(entry.partitions)
         elif isinstance(entry, PositionEntry):
-            self.positions[entry.group] = dict(entry.offsets)
+            # An entry carries the group's whole position (Topic.set_position merges before
+            # publishing); an empty one deletes the group.
+            if entry.offsets:
+                self.positions[entry.group] = dict(entry.offsets)
+            else:
+                self.positions.pop(entry.group, None)
         elif isinstance(entry, ConfigEntry):
             self.config.update(entry.config)
         self.last_ts = max(self.last_ts, entry.ts)

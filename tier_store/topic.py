@@ -750,13 +750,69 @@ class Topic:
         return total[0]
 
     def set_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
-        """Record consumer group ``group``'s committed offsets (for lag; retention ignores it)."""
+        """Record consumer group ``group``'s committed offsets for the partitions named (for
+        lag and ``startingOffsets=group``; retention ignores them).
+
+        The offsets are merged into the group's position: the partitions named get the new
+        offsets, the group's other partitions keep theirs (:meth:`reset_position` replaces
+        the whole position). An offset must lie in ``[0, latest]``."""
+        clean = self._check_position(group, offsets)
+        if not clean:
+            raise PafkaError(f"set_position of group {group!r} names no partition; "
+                             "delete_group() removes a group")
+
+        def make(st: TopicState) -> Entry:
+            # Merged with the state this entry is published against, not the one the call
+            # started from: a commit of the group that won the race in between is kept.
+            merged = {int(p): o for p, o in st.positions.get(group, {}).items()}
+            merged.update(clean)
+            return self._position_entry(st, group, merged)
+
+        self._publish_retrying(make)
+
+    def reset_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Replace consumer group ``group``'s whole position by ``offsets``: partitions not
+        named lose their committed offset (a reader starting from the group starts them at
+        the earliest offset). Creates the group if it has no position yet."""
+        clean = self._check_position(group, offsets)
+        if not clean:
+            raise PafkaError(f"reset_position of group {group!r} names no partition; "
+                             "delete_group() removes a group")
+        self._publish_retrying(lambda st: self._position_entry(st, group, clean))
+
+    def delete_group(self, group: str) -> None:
+        """Forget consumer group ``group``'s position on this topic. A group it does not
+        have is an error naming the groups it has."""
+        self._check_group_name(group)
+
+        def make(st: TopicState) -> Entry:
+            if group not in st.positions:
+                raise PafkaError(f"topic {self.name!r} has no consumer group {group!r}; "
+                                 f"its groups: {', '.join(sorted(st.positions)) or '(none)'}")
+            # An empty position removes the group on replay (see tier_store.state).
+            return PositionEntry(max(st.last_ts, _now_ms()), group, {})
+
+        self._publish_retrying(make)
+
+    @staticmethod
+    def _check_group_name(group: Any) -> None:
         if not isinstance(group, str) or not group:
             raise PafkaError(f"consumer group must be a non-empty string, got {group!r}")
-        clean: dict[str, int] = {}
+
+    def _check_position(self, group: str, offsets: Mapping[int | str, int]) -> dict[int, int]:
+        """``offsets`` checked: partitions of this topic, offsets in ``[0, latest]``."""
+        self._check_group_name(group)
+        if not isinstance(offsets, Mapping):
+            raise PafkaError("offsets must be a mapping of partition to offset, got "
+                             f"{type(offsets).__name__}")
+        clean: dict[int, int] = {}
         latest = self.latest_offsets()
         for k, v in offsets.items():
-            p = self._check_partition(int(k))
+            try:
+                number = int(k)
+            except (TypeError, ValueError):
+                raise PafkaError(f"partition must be an integer, got {k!r}") from None
+            p = self._check_partition(number)
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
                 raise PafkaError(f"offset for partition {p} must be a non-negative integer, "
                                  f"got {v!r}")
@@ -764,10 +820,14 @@ class Topic:
                 # A position past the log would show as negative lag.
                 raise PafkaError(f"offset {v} for partition {p} of topic {self.name!r} is past "
                                  f"its latest offset {latest[p]}")
-            clean[str(p)] = int(v)
-        ordered = {str(p): clean[str(p)] for p in sorted(int(k) for k in clean)}
-        self._publish_retrying(
-            lambda st: PositionEntry(max(st.last_ts, _now_ms()), group, ordered))
+            clean[p] = int(v)
+        return clean
+
+    @staticmethod
+    def _position_entry(st: TopicState, group: str, offsets: Mapping[int, int]) -> Entry:
+        # Partitions in ascending order, as in every offsets JSON of the project.
+        ordered = {str(p): int(offsets[p]) for p in sorted(offsets)}
+        return PositionEntry(max(st.last_ts, _now_ms()), group, ordered)
 
     def positions(self) -> dict[str, dict[int, int]]:
         """Every consumer group's committed offsets."""
