@@ -1,6 +1,6 @@
 """Spark benchmark: the pafka sink and sources against Parquet, and end-to-end latency.
 
-    .venv/bin/python bench/spark_bench.py [--rows 10000000] [--out bench/RESULTS.md]
+    .venv/bin/python bench/spark_bench.py [--rows 10000000] [--write-results] [--out DIR]
 
 One local[2] SparkSession, one run. Rows are (key bigint, timestamp bigint, value binary):
 the value is 100 pseudo-random bytes per row (a slice of two SHA-512 digests of the key),
@@ -12,9 +12,11 @@ rows and none pays for generating them. Every path runs once untimed (warm-up), 
   Python ``DataSourceArrowWriter`` that drops its input (the ceiling of any Python sink);
 * batch source → ``noop``: ``spark.read.format("pafka")`` against ``spark.read.parquet``
   and against a Python source with no storage that yields pre-built 64k-row Arrow batches
-  of the same schema (the ceiling of any Python source);
-* streaming source with Trigger.AvailableNow → ``noop``: pafka against Spark's file stream
-  source over the same Parquet files and against the storage-free source's stream reader;
+  of the same schema (the ceiling of any Python source); the pafka read as it is by default,
+  verifying each chunk's checksum, and with ``verifyChecksums=false``;
+* streaming source with Trigger.AvailableNow → ``noop``: pafka (verified, and with
+  ``verifyChecksums=false``) against Spark's file stream source over the same Parquet files
+  and against the storage-free source's stream reader;
 * latency: a producer thread appends small batches with ``Topic.append`` at a fixed rate; a
   pafka streaming query with a 0-second processing-time trigger collects, in
   ``foreachBatch``, one row per append; latency = the time the collect returned minus the
@@ -24,8 +26,10 @@ rows and none pays for generating them. Every path runs once untimed (warm-up), 
   VM whose balloon reports free pages to the host the two differ several times over).
 
 Ratios are medians of the per-round ratios (each round runs the peers back to back, so a
-busy neighbour on a shared machine weighs on both). The section between the ``spark-bench``
-markers of RESULTS.md is rewritten; the rest of the file is left as it is.
+busy neighbour on a shared machine weighs on both). The report is printed; with
+``--write-results`` the section between the ``spark-bench`` markers of bench/RESULTS.md is
+rewritten (the rest of the file is left as it is); ``--out DIR`` writes it to DIR/RESULTS.md.
+A failed or degenerate measurement stops the run with a non-zero status.
 """
 
 from __future__ import annotations
@@ -46,12 +50,21 @@ from collections.abc import Callable, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyspark  # noqa: E402
+from bench_common import (  # noqa: E402
+    Output,
+    add_output_args,
+    fail,
+    float_range,
+    int_range,
+    positive,
+)
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import (  # noqa: E402
@@ -315,6 +328,7 @@ def rounds(fns: dict[str, Callable[[int], float]], repeat: int) -> dict[str, lis
                 wait_quiet(QUIET_CORES)
             before = tree_cpu() | device_stat()
             others = others_cores(lambda k=k, fn=fn, i=i: out[k].append(fn(i)))
+            positive(out[k][-1], f"{k}, round {i}: time")
             after = tree_cpu() | device_stat()
             if i:
                 CPU.setdefault(k, []).append({m: after[m] - before[m] for m in after})
@@ -390,7 +404,7 @@ def run_stream(df: DataFrame, ckpt: str, rows: int, trigger_ms: list[float]) -> 
     progress = q.recentProgress
     got = sum(p["numInputRows"] for p in progress)
     if got != rows:
-        raise RuntimeError(f"streaming query read {got} rows, expected {rows}")
+        raise fail(f"streaming query read {got} rows, expected {rows}")
     trigger_ms.append(sum(p["durationMs"].get("triggerExecution", 0) for p in progress
                           if p["numInputRows"] > 0))
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -449,7 +463,7 @@ def bench_sink(src: DataFrame, data: str, repeat: int, rows: int) -> dict:
                    .option("log.file.direct.bytes", direct).mode("append").save(root))
         got = sum(Store.open(root).topic(TOPIC).latest_offsets().values())
         if got != rows:
-            raise RuntimeError(f"pafka sink wrote {got} rows, expected {rows}")
+            raise fail(f"pafka sink wrote {got} rows, expected {rows}")
         if i or direct != "0":  # keep round 0's topic (the default store) for the reads
             shutil.rmtree(root)
         return dt
@@ -467,7 +481,7 @@ def bench_sink(src: DataFrame, data: str, repeat: int, rows: int) -> dict:
                        .option("partitions", TOPIC_PARTITIONS).mode("append").save(root))
             got = sum(Store.open(root).topic(TOPIC).latest_offsets().values())
             if got != rows:
-                raise RuntimeError(f"pafka sink (pmem) wrote {got} rows, expected {rows}")
+                raise fail(f"pafka sink (pmem) wrote {got} rows, expected {rows}")
             return dt
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -525,12 +539,17 @@ def bench_sources(spark: SparkSession, data: str, repeat: int, rows: int) -> dic
     root = os.path.join(data, "store-0")
     pq = os.path.join(data, "parquet-0")
 
-    def pafka_df() -> DataFrame:
-        return spark.read.format("pafka").option("topic", TOPIC).load(root)
+    def pafka_df(verify: bool = True) -> DataFrame:
+        r = spark.read.format("pafka").option("topic", TOPIC)
+        if not verify:
+            r = r.option("verifyChecksums", "false")
+        return r.load(root)
 
-    check = pafka_df().agg(F.count("*").alias("n"), F.sum("key").alias("s")).first()
-    if check.n != rows or check.s != rows * (rows - 1) // 2:
-        raise RuntimeError(f"pafka batch read gave {check}, expected {rows} rows")
+    for verify in (True, False):
+        check = pafka_df(verify).agg(F.count("*").alias("n"), F.sum("key").alias("s")).first()
+        if check.n != rows or check.s != rows * (rows - 1) // 2:
+            raise fail(f"pafka batch read (verifyChecksums={str(verify).lower()}) gave "
+                       f"{check}, expected {rows} rows")
     schema = pafka_df().schema
     parts = pafka_df().rdd.getNumPartitions()
     pq_parts = spark.read.parquet(pq).rdd.getNumPartitions()
@@ -546,21 +565,30 @@ def bench_sources(spark: SparkSession, data: str, repeat: int, rows: int) -> dic
 
     batch = rounds({
         "pafka source": lambda i: noop(pafka_df()),
+        "pafka source unverified": lambda i: noop(pafka_df(verify=False)),
         "parquet source": lambda i: noop(spark.read.parquet(pq)),
         "ceiling source": lambda i: noop(ceiling_df()),
     }, repeat)
 
-    trig: dict[str, list[float]] = {"pafka stream": [], "parquet stream": [],
-                                    "ceiling stream": []}
+    trig: dict[str, list[float]] = {"pafka stream": [], "pafka stream unverified": [],
+                                    "parquet stream": [], "ceiling stream": []}
 
     def ckpt(name: str, i: int) -> str:
         return os.path.join(data, "checkpoints", f"{name}-{i}")
 
+    def pafka_stream(verify: bool = True) -> DataFrame:
+        r = (spark.readStream.format("pafka").option("topic", TOPIC)
+             .option("startingOffsets", "earliest"))
+        if not verify:
+            r = r.option("verifyChecksums", "false")
+        return r.load(root)
+
     stream = rounds({
-        "pafka stream": lambda i: run_stream(
-            spark.readStream.format("pafka").option("topic", TOPIC)
-            .option("startingOffsets", "earliest").load(root), ckpt("pafka", i), rows,
-            trig["pafka stream"]),
+        "pafka stream": lambda i: run_stream(pafka_stream(), ckpt("pafka", i), rows,
+                                             trig["pafka stream"]),
+        "pafka stream unverified": lambda i: run_stream(
+            pafka_stream(verify=False), ckpt("pafka-unverified", i), rows,
+            trig["pafka stream unverified"]),
         "parquet stream": lambda i: run_stream(
             spark.readStream.schema(pq_schema).parquet(pq), ckpt("parquet", i), rows,
             trig["parquet stream"]),
@@ -625,7 +653,7 @@ def bench_latency(spark: SparkSession, data: str, seconds: float, interval: floa
         q.stop()
     store.close()
     if len(seen) < commits:
-        raise RuntimeError(f"latency: saw {len(seen)} of {commits} appends")
+        raise fail(f"latency: saw {len(seen)} of {commits} appends")
     lat = np.array([seen[i][0] - seen[i][1] / 1000 for i in range(commits)])
     after_return = np.array([seen[i][0] - produced[i][1] for i in range(commits)])
     busy = [p for p in q.recentProgress if p["numInputRows"] > 0]
@@ -644,12 +672,6 @@ def bench_latency(spark: SparkSession, data: str, seconds: float, interval: floa
 
 
 # -- report ----------------------------------------------------------------------------------------
-def update_section(path: str, body: str) -> None:
-    """Replace (or append) this script's section of RESULTS.md."""
-    from store_bench import update_section as update
-    update(path, MARK, body)
-
-
 def machine() -> str:
     cpu = platform.machine()
     try:
@@ -751,10 +773,25 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
          "b_pq": ratio("parquet source", "pafka source"),
          "ceil_pq": ratio("parquet source", "ceiling source"),
          "s_ceil": ratio("ceiling stream", "pafka stream"),
-         "s_pq": ratio("parquet stream", "pafka stream")}
+         "s_pq": ratio("parquet stream", "pafka stream"),
+         # The same reads with verifyChecksums=false.
+         "b_ceil_nv": ratio("ceiling source", "pafka source unverified"),
+         "b_pq_nv": ratio("parquet source", "pafka source unverified"),
+         "s_ceil_nv": ratio("ceiling stream", "pafka stream unverified"),
+         "s_pq_nv": ratio("parquet stream", "pafka stream unverified"),
+         # What verifying costs: the unverified read's time / the verified read's.
+         "b_verify": ratio("pafka source unverified", "pafka source"),
+         "s_verify": ratio("pafka stream unverified", "pafka stream")}
     tm = src["trigger_ms"]
-    r["s_ceil_batch"] = statistics.median(
-        c / p for c, p in zip(tm["ceiling stream"][1:], tm["pafka stream"][1:], strict=True))
+
+    def trigger_ratio(peer: str, ours: str) -> float:
+        return statistics.median(
+            positive(c, f"{peer} triggerExecution (ms)") / positive(p, f"{ours} "
+                                                                   "triggerExecution (ms)")
+            for c, p in zip(tm[peer][1:], tm[ours][1:], strict=True))
+
+    r["s_ceil_batch"] = trigger_ratio("ceiling stream", "pafka stream")
+    r["s_ceil_batch_nv"] = trigger_ratio("ceiling stream", "pafka stream unverified")
     mb = rows * 116 / 1e6
     cmd = ".venv/bin/python bench/spark_bench.py" + (
         f" --rows {rows}" if rows != 10_000_000 else "") + (
@@ -783,7 +820,12 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         "on the default file tier on local disk (through the page cache, one fdatasync per "
         f"segment a task touched), a topic of {TOPIC_PARTITIONS} partitions; Parquet: snappy, "
         "Spark's default, on the same disk (through the page cache, no fsync). Reads run "
-        "over round 0's output of the default store, just written (page cache warm for both). Each "
+        "over round 0's output of the default store, just written (page cache warm for both). "
+        "**pafka reads verify each chunk's checksum by default** (`verifyChecksums=true`, "
+        "as a Kafka consumer checks CRCs); the rows marked `verifyChecksums=false` read the "
+        "same topic trusting the bytes, in the same rounds. Parquet checks its pages' CRCs "
+        "only when asked (Spark does not by default); the ceiling source has nothing to "
+        "check. Each "
         f"path runs once untimed (warm-up, last column), then {args.repeat} timed runs; rows/s "
         "from the median.", "",
         "| path | rows/s | median | timed runs (s) | others (cores) | warm-up |",
@@ -798,15 +840,19 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
             "parquet sink durable"),
         row("Python `DataSourceArrowWriter` that drops its input (sink ceiling)", "null sink"),
         row("the same at Spark's default `maxBytesPerBatch`", "null sink default"),
-        row(f"`spark.read.format(\"pafka\")` → noop ({src['parts']} partitions)",
-            "pafka source"),
+        row(f"`spark.read.format(\"pafka\")` → noop ({src['parts']} partitions), checksums "
+            "verified (the default)", "pafka source"),
+        row("the same with `verifyChecksums=false`", "pafka source unverified"),
         row(f"`spark.read.parquet` → noop ({src['pq_parts']} partitions)", "parquet source"),
         row(f"storage-free Python source, 64k-row batches → noop ({src['parts']} partitions)",
             "ceiling source"),
         "", "| streaming, Trigger.AvailableNow → noop | rows/s | median | timed runs (s) | "
         "others (cores) | warm-up | the batch alone (triggerExecution) |",
         "|---|---|---|---|---|---|---|",
-        row("`readStream.format(\"pafka\")`", "pafka stream", trig("pafka stream")),
+        row("`readStream.format(\"pafka\")`, checksums verified (the default)",
+            "pafka stream", trig("pafka stream")),
+        row("the same with `verifyChecksums=false`", "pafka stream unverified",
+            trig("pafka stream unverified")),
         row("`readStream.parquet` (file source)", "parquet stream", trig("parquet stream")),
         row("storage-free Python stream source", "ceiling stream", trig("ceiling stream")), "",
         "Streaming times run from `start()` to the end of `awaitTermination()` with a fresh "
@@ -822,17 +868,28 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
         f"| the same at Spark's default `maxBytesPerBatch` | {r['default']:.2f}× | — |",
         "| the same, chunks written with O_DIRECT (rounds: "
         f"{rounds_of('parquet sink', 'pafka sink direct')}) | {r['direct']:.2f}× | — |",
-        f"| pafka batch source vs the ceiling | {r['b_ceil']:.2f}× | ≥ {TARGETS['source']}×: "
-        f"{verdict(r['b_ceil'] >= TARGETS['source'])} |",
-        f"| pafka streaming source vs the ceiling's stream reader (start to end) | "
+        f"| pafka batch source (verified, the default) vs the ceiling | {r['b_ceil']:.2f}× | "
+        f"≥ {TARGETS['source']}×: {verdict(r['b_ceil'] >= TARGETS['source'])} |",
+        f"| the same, `verifyChecksums=false` | {r['b_ceil_nv']:.2f}× | "
+        f"≥ {TARGETS['source']}×: {verdict(r['b_ceil_nv'] >= TARGETS['source'])} |",
+        f"| pafka streaming source (verified) vs the ceiling's stream reader (start to end) | "
         f"{r['s_ceil']:.2f}× | ≥ {TARGETS['source']}×: "
         f"{verdict(r['s_ceil'] >= TARGETS['source'])} |",
-        f"| the same, the micro-batch alone (triggerExecution) | {r['s_ceil_batch']:.2f}× | "
-        f"≥ {TARGETS['source']}×: {verdict(r['s_ceil_batch'] >= TARGETS['source'])} |",
+        f"| the same, `verifyChecksums=false` | {r['s_ceil_nv']:.2f}× | "
+        f"≥ {TARGETS['source']}×: {verdict(r['s_ceil_nv'] >= TARGETS['source'])} |",
+        f"| the streaming source (verified), the micro-batch alone (triggerExecution) | "
+        f"{r['s_ceil_batch']:.2f}× | ≥ {TARGETS['source']}×: "
+        f"{verdict(r['s_ceil_batch'] >= TARGETS['source'])} |",
+        f"| the same, `verifyChecksums=false` | {r['s_ceil_batch_nv']:.2f}× | "
+        f"≥ {TARGETS['source']}×: {verdict(r['s_ceil_batch_nv'] >= TARGETS['source'])} |",
         f"| end-to-end latency p50 (below) | {lat['p50']:.3f} s | ≤ {TARGETS['p50']} s: "
         f"{verdict(lat['p50'] <= TARGETS['p50'])} |",
-        f"| pafka batch source vs `spark.read.parquet` | {r['b_pq']:.2f}× | — |",
-        f"| pafka streaming source vs the file stream source | {r['s_pq']:.2f}× | — |",
+        f"| pafka batch source vs `spark.read.parquet`: verified (the default) / "
+        f"`verifyChecksums=false` | {r['b_pq']:.2f}× / {r['b_pq_nv']:.2f}× | — |",
+        f"| pafka streaming source vs the file stream source: verified / "
+        f"`verifyChecksums=false` | {r['s_pq']:.2f}× / {r['s_pq_nv']:.2f}× | — |",
+        f"| what verifying costs: the unverified read's time / the verified read's | batch "
+        f"{r['b_verify']:.2f}×, streaming {r['s_verify']:.2f}× | — |",
         f"| pafka sink vs Parquet fsynced | {r['durable']:.2f}× | — |",
         f"| pafka sink on the pmem tier vs Parquet sink | {r['pmem']:.2f}× (vs the sink "
         f"ceiling: {r['pmem/null']:.2f}×) | — |",
@@ -954,19 +1011,32 @@ def report(args: argparse.Namespace, rows: int, info: dict, sink: dict, src: dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs after the warm-up")
-    ap.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    ap.add_argument("--rows", type=int_range(1, 10**10), default=10_000_000,
+                    help="rows written and read (1 or more; default 10,000,000)")
+    ap.add_argument("--repeat", type=int_range(1, 1000), default=5,
+                    help="timed runs after the warm-up (1 or more; default 5)")
+    add_output_args(ap)
     ap.add_argument("--data", default=os.path.join(HERE, "data"),
                     help="where the run's data goes (a fresh spark-* directory, removed)")
-    ap.add_argument("--latency-seconds", type=float, default=30.0)
-    ap.add_argument("--latency-interval", type=float, default=0.05,
-                    help="seconds between the latency producer's appends")
-    ap.add_argument("--latency-rows", type=int, default=100, help="rows per append")
+    ap.add_argument("--latency-seconds", type=float_range(0.0, 86400.0, lo_open=True),
+                    default=30.0, help="how long the latency producer runs (> 0; default 30)")
+    ap.add_argument("--latency-interval", type=float_range(0.0, 60.0, lo_open=True),
+                    default=0.05, help="seconds between the latency producer's appends "
+                                       "(> 0; default 0.05)")
+    ap.add_argument("--latency-rows", type=int_range(1, 10**7), default=100,
+                    help="rows per append (1 or more; default 100)")
+    ap.add_argument("--probe-pause", type=float_range(0.0, 600.0), default=20.0,
+                    help="seconds the page-cache probe waits before writing on memory freed "
+                         "that long before (default 20)")
     ap.add_argument("--keep", action="store_true", help="keep the data afterwards")
     ap.add_argument("--sinks-only", action="store_true",
-                    help="run the sinks alone and print their summary (RESULTS.md untouched)")
+                    help="run the sinks alone and print their summary (no report written)")
     args = ap.parse_args()
+    if args.latency_seconds < args.latency_interval:
+        ap.error(f"--latency-seconds {args.latency_seconds:g} must be at least "
+                 f"--latency-interval {args.latency_interval:g}: the latency producer would "
+                 "make no append")
+    output = Output(args)
     t_start = time.perf_counter()
     rows = args.rows
     data = os.path.join(args.data, f"spark-{uuid.uuid4().hex[:8]}")
@@ -980,7 +1050,8 @@ def main() -> None:
         print(f"  generated and cached in {info['gen_s']:.1f} s", flush=True)
         print("sinks", flush=True)
         sink = bench_sink(src, data, args.repeat, rows)
-        sink["page_cache"] = probe_page_cache(data, dir_bytes(os.path.join(data, "store-0")))
+        sink["page_cache"] = probe_page_cache(data, dir_bytes(os.path.join(data, "store-0")),
+                                              pause=args.probe_pause)
         pc = sink["page_cache"]
         print(f"  page cache: {pc['paused']:.2f} s of CPU on memory freed {pc['pause']:.0f} s "
               f"before, {pc['reused']:.2f} s on memory just freed", flush=True)
@@ -999,8 +1070,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(data, ignore_errors=True)
     body = report(args, rows, info, sink, sources, lat, time.perf_counter() - t_start)
-    print(body)
-    update_section(args.out, body)
+    output.report(MARK, body)
 
 
 if __name__ == "__main__":

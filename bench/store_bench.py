@@ -1,9 +1,15 @@
 """Tier store benchmark: append and read against plain pyarrow IPC, in one run.
 
-    .venv/bin/python bench/store_bench.py [--records 10000000] [--out bench/RESULTS.md]
+    .venv/bin/python bench/store_bench.py [--records 10000000] [--write-results] [--out DIR]
 
 Records are (int64 key, int64 timestamp, fixed_size_binary(100) value): 116 bytes each.
 Figures are medians of --repeat runs; each is printed beside its peer from the same run.
+Reads verify each chunk's checksum by default: each round reads the store twice, verified
+(the default) and with ``verify=False``, each from a fresh handle with no cached mapping,
+which one first alternating, and each against the same plain IPC read.
+
+The report is printed; ``--write-results`` rewrites this script's section of
+``bench/RESULTS.md``, ``--out DIR`` writes it to ``DIR/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import (  # noqa: E402
+    Output,
+    add_output_args,
+    fail,
+    int_range,
+    positive,
+)
 
 from tier_store import Store  # noqa: E402
+from tier_store import reading as _reading  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("value", pa.binary(100))])
@@ -52,17 +68,41 @@ def fresh_dir(base: str) -> str:
 
 def store_conf(kind: str, fast: str, total_bytes: int) -> dict:
     if kind == "file":
-        return {"log.segment.bytes": "64m", "storage.tiers.first.sizes": str(4 * total_bytes)}
+        # Room for the data and for whole 64 MiB segments however few records there are.
+        return {"log.segment.bytes": "64m",
+                "storage.tiers.first.sizes": str(max(4 * total_bytes, 256 << 20))}
     size = int(total_bytes * 1.3) + (256 << 20)
     return {"log.channel.type": "pmem", "storage.tiers.first.paths": fast,
             "storage.tiers.first.sizes": str(size), "log.segment.bytes": "64m",
             "log.pmem.pool.ratio": 1.0}
 
 
-def bench_store(kind: str, data: list[pa.RecordBatch], base: str, deferred: bool = False
-                ) -> dict:
-    """Append ``data`` and read it back. ``deferred`` writes as the Spark sink does: chunks
-    over 4 partitions with ``write_chunks(durable=False)``, one ``sync``, one commit."""
+def read_all(root: str, partitions: int, n: int, verify: bool) -> float:
+    """Seconds to read the topic back from a fresh handle with no cached mapping (so that
+    neither read reuses the other's maps) and sum its key column."""
+    _reading.MAPS.clear()
+    reader = Store.open(root).topic("bench")
+    t0 = time.perf_counter()
+    rows = 0
+    total = 0
+    for p in range(partitions):
+        for b in reader.read(p, 0, verify=verify):
+            rows += b.num_rows
+            total += pc.sum(b.column(0)).as_py()
+    read = time.perf_counter() - t0
+    reader.store.close()
+    if rows != n or total != n * (n - 1) // 2:
+        raise fail(f"read back {rows} rows (key sum {total}) of the {n} written "
+                   f"(verify={verify})")
+    return read
+
+
+def bench_store(kind: str, data: list[pa.RecordBatch], base: str, deferred: bool = False,
+                verified_first: bool = True, reads: bool = True) -> dict:
+    """Append ``data`` and read it back (unless not ``reads``), verified and unverified
+    (``verified_first``: in that order). ``deferred`` writes as the Spark sink does:
+    chunks over 4 partitions with ``write_chunks(durable=False)``, one ``sync``, one
+    commit."""
     root = fresh_dir(base)
     fast = fresh_dir("/dev/shm") if kind == "pmem" else ""
     try:
@@ -84,19 +124,14 @@ def bench_store(kind: str, data: list[pa.RecordBatch], base: str, deferred: bool
             for b in data:
                 topic.append(b, partition=0)
         write = time.perf_counter() - t0
-        reader = Store.open(root).topic("bench")
-        t0 = time.perf_counter()
-        rows = 0
-        total = 0
-        for p in range(partitions):
-            for b in reader.read(p, 0):
-                rows += b.num_rows
-                total += pc.sum(b.column(0)).as_py()
-        read = time.perf_counter() - t0
-        assert rows == n and total == n * (n - 1) // 2
+        out = {"write": write, "setup": setup}
+        if reads:
+            times = {}
+            for verify in ((True, False) if verified_first else (False, True)):
+                times[verify] = read_all(root, partitions, n, verify)
+            out |= {"read": times[True], "read_nv": times[False]}
         store.close()
-        reader.store.close()
-        return {"write": write, "read": read, "setup": setup}
+        return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if fast:
@@ -134,7 +169,8 @@ def bench_ipc(data: list[pa.RecordBatch], base: str, fsync_each: bool = True) ->
                 rows += b.num_rows
                 total += pc.sum(b.column(0)).as_py()
         read = time.perf_counter() - t0
-        assert rows == n and total == n * (n - 1) // 2
+        if rows != n or total != n * (n - 1) // 2:
+            raise fail(f"plain IPC read back {rows} rows (key sum {total}) of the {n} written")
         return {"write": write, "read": read}
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -142,7 +178,7 @@ def bench_ipc(data: list[pa.RecordBatch], base: str, fsync_each: bool = True) ->
 
 def bench_producer(kind: str, n: int, base: str) -> float:
     data = batches(n, 10_000)
-    return n / bench_store(kind, data, base)["write"]
+    return n / positive(bench_store(kind, data, base)["write"], f"{kind} producer's time")
 
 
 def bench_log(commits: int, base: str) -> dict:
@@ -186,36 +222,56 @@ def bench_log(commits: int, base: str) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def paired_runs(ours, peer, repeat: int) -> tuple[dict, dict, dict]:
-    """``repeat`` rounds of both paths, which one goes first alternating: on this VM the first
-    to touch memory freed by the round before pays for fresh pages. Returns the medians of
-    each and the median of the per-round ratios peer time / our time."""
+# Our measurement -> the peer's it is compared with (the unverified read with the same read).
+PEER_OF = {"write": "write", "read": "read", "read_nv": "read"}
+
+
+def paired_runs(ours, peer, repeat: int, label: str) -> tuple[dict, dict, dict]:
+    """``repeat`` rounds of both paths (each called with the round's number), which one goes
+    first alternating: on this VM the first to touch memory freed by the round before pays
+    for fresh pages. Returns the medians of each and the median of the per-round ratios
+    peer time / our time."""
     a: list[dict] = []
     b: list[dict] = []
     for i in range(repeat):
         if i % 2:
-            b.append(peer())
-            a.append(ours())
+            b.append(peer(i))
+            a.append(ours(i))
         else:
-            a.append(ours())
-            b.append(peer())
+            a.append(ours(i))
+            b.append(peer(i))
+    for side, runs in (("store", a), ("plain IPC", b)):
+        for r in runs:
+            for k in ("write", "read", "read_nv"):
+                if k in r:
+                    positive(r[k], f"{label}: {side} {k} time")
 
     def med(runs: list[dict]) -> dict:
         return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
-    ratios = {k: statistics.median(y[k] / x[k] for x, y in zip(a, b, strict=True))
-              for k in ("write", "read")}
+    ratios = {k: statistics.median(y[PEER_OF[k]] / x[k] for x, y in zip(a, b, strict=True))
+              for k in PEER_OF if k in a[0]}
+    if "read_nv" in a[0]:
+        ratios["verify"] = statistics.median(x["read_nv"] / x["read"] for x in a)
     return med(a), med(b), ratios
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--records", type=int, default=10_000_000)
-    ap.add_argument("--batch", type=int, default=100_000)
-    ap.add_argument("--repeat", type=int, default=6)
-    ap.add_argument("--commits", type=int, nargs=2, default=[1_000, 100_000])
-    ap.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int_range(1, 10**9), default=10_000_000,
+                    help="records appended and read (1 or more; default 10,000,000)")
+    ap.add_argument("--batch", type=int_range(1, 10**8), default=100_000,
+                    help="records per append (1 or more; default 100,000)")
+    ap.add_argument("--repeat", type=int_range(1, 1000), default=6,
+                    help="paired rounds (1 or more; default 6)")
+    ap.add_argument("--commits", type=int_range(1, 10**7), nargs=2, default=[1_000, 100_000],
+                    metavar=("FEW", "MANY"),
+                    help="commits of the two topics whose open and refresh are compared "
+                         "(each 1 or more; default 1000 100000)")
+    add_output_args(ap)
     args = ap.parse_args()
+    output = Output(args)
     base = os.path.join(HERE, "data")
     os.makedirs(base, exist_ok=True)
     n = args.records
@@ -226,19 +282,20 @@ def main() -> None:
 
     res = {}
     res["file"], res["ipc_disk"], res["ratio_disk"] = paired_runs(
-        lambda: bench_store("file", data, base), lambda: bench_ipc(data, base), args.repeat)
+        lambda i: bench_store("file", data, base, verified_first=i % 4 < 2),
+        lambda i: bench_ipc(data, base), args.repeat, "file tier")
     print("file tier", res["file"], "plain IPC on disk", res["ipc_disk"], flush=True)
     if shm_ok:
         res["pmem"], res["ipc_shm"], res["ratio_shm"] = paired_runs(
-            lambda: bench_store("pmem", data, base), lambda: bench_ipc(data, "/dev/shm"),
-            args.repeat)
+            lambda i: bench_store("pmem", data, base, verified_first=i % 4 < 2),
+            lambda i: bench_ipc(data, "/dev/shm"), args.repeat, "pmem tier")
         print("pmem tier", res["pmem"], "plain IPC on /dev/shm", res["ipc_shm"], flush=True)
     # After the pmem rounds: in one process, reads in whichever of these and the pmem rounds
     # run second are up to 40x slower (isolated, each reads 1.2 GB in ~17 ms); only this
-    # row's append is reported.
+    # row's append is measured (and its peer's read is not reported).
     res["deferred"], res["ipc_once"], res["ratio_once"] = paired_runs(
-        lambda: bench_store("file", data, base, deferred=True),
-        lambda: bench_ipc(data, base, fsync_each=False), args.repeat)
+        lambda i: bench_store("file", data, base, deferred=True, reads=False),
+        lambda i: bench_ipc(data, base, fsync_each=False), args.repeat, "deferred appends")
     print("file tier, deferred", res["deferred"], "plain IPC, one fsync", res["ipc_once"],
           flush=True)
     prod_n = min(n, 2_000_000)
@@ -253,16 +310,28 @@ def main() -> None:
         logs[c] = bench_log(c, base)
         print(f"  {c:,} commits:", logs[c], flush=True)
     shutil.rmtree(base, ignore_errors=True)
-    write_report(args, n, mb, res, producer, prod_n, logs)
+    output.report("store-bench", write_report(args, n, mb, res, producer, prod_n, logs))
 
 
-def write_report(args, n, mb, res, producer, prod_n, logs) -> None:
+def command(args) -> str:
+    """The command line of this run (the flags not at their default)."""
+    cmd = f".venv/bin/python bench/store_bench.py --records {args.records}"
+    for flag, value, default in (("--batch", args.batch, 100_000),
+                                 ("--repeat", args.repeat, 6)):
+        if value != default:
+            cmd += f" {flag} {value}"
+    if list(args.commits) != [1_000, 100_000]:
+        cmd += f" --commits {args.commits[0]} {args.commits[1]}"
+    return cmd
+
+
+def write_report(args, n, mb, res, producer, prod_n, logs) -> str:
     def rate(sec: float) -> str:
         return f"{n / sec / 1e6:,.2f} M rec/s ({mb / sec:,.0f} MB/s)"
 
     lines = [
         "## Tier store (`bench/store_bench.py`)", "",
-        f"Command: `.venv/bin/python bench/store_bench.py --records {n}` — "
+        f"Command: `{command(args)}` — "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"pyarrow {pa.__version__}. {n:,} records of 116 bytes (int64 key, int64 timestamp, "
         f"fixed_size_binary(100) value) = {mb:,.0f} MB, appended {args.batch:,} at a time to "
@@ -280,20 +349,34 @@ def write_report(args, n, mb, res, producer, prod_n, logs) -> None:
 
     row("append, file tier on disk (fsync per append)", res["file"]["write"],
         res["ipc_disk"]["write"], res["ratio_disk"]["write"], 0.7)
-    row("read, file tier (mmap, zero-copy)", res["file"]["read"], res["ipc_disk"]["read"],
-        res["ratio_disk"]["read"], 0.8)
+    row("read, file tier (mmap, zero-copy), checksums verified (the default)",
+        res["file"]["read"], res["ipc_disk"]["read"], res["ratio_disk"]["read"], 0.8)
+    row("read, file tier, `verify=False`", res["file"]["read_nv"], res["ipc_disk"]["read"],
+        res["ratio_disk"]["read_nv"], 0.8)
     row("append, file tier, deferred (4 partitions, one sync and commit)",
         res["deferred"]["write"], res["ipc_once"]["write"], res["ratio_once"]["write"], 0.7)
     if "pmem" in res:
         row("append, pmem tier on /dev/shm (msync)", res["pmem"]["write"],
             res["ipc_shm"]["write"], res["ratio_shm"]["write"], 0.7)
-        row("read, pmem tier", res["pmem"]["read"], res["ipc_shm"]["read"],
-            res["ratio_shm"]["read"], 0.8)
+        row("read, pmem tier, checksums verified (the default)", res["pmem"]["read"],
+            res["ipc_shm"]["read"], res["ratio_shm"]["read"], 0.8)
+        row("read, pmem tier, `verify=False`", res["pmem"]["read_nv"], res["ipc_shm"]["read"],
+            res["ratio_shm"]["read_nv"], 0.8)
     lines += ["", "Plain IPC peer: one IPC file written batch by batch with an fsync after each "
               "(the store's durability: it fsyncs every append), read with `pa.memory_map` + "
-              "`ipc.open_file`. The deferred row writes as the Spark sink does (each batch a "
-              "chunk, partitions in turn, segments rolled every 64 MiB without waiting on the "
-              "disk, one `sync` and one commit at the end); its peer fsyncs once, at the end. "
+              "`ipc.open_file` (which checks no checksum). Each round reads the store twice, "
+              "from a fresh handle with no cached mapping each time, which one first "
+              "alternating every two rounds: `topic.read()` as it is called by default, "
+              "verifying each chunk's checksum before Arrow sees its bytes, and with "
+              "`verify=False`, trusting them; both against the same round's IPC read. Reading "
+              "with `verify=False` took "
+              + " and ".join(f"{res[k]['verify']:.2f}× the verified read's time ({t})"
+                             for k, t in (("ratio_disk", "file tier"),
+                                          ("ratio_shm", "pmem tier")) if k in res)
+              + " (median of the per-round ratios). The deferred row writes as the Spark sink "
+              "does (each batch a chunk, partitions in turn, segments rolled every 64 MiB "
+              "without waiting on the disk, one `sync` and one commit at the end); its peer "
+              "fsyncs once, at the end. "
               "On /dev/shm fsync costs nothing; the pmem tier there flushes "
               "with `pmem_msync` (libpmem reports no real PMem on this machine).",
               "Absolute figures on this VM move by 2–5× between runs (plain IPC on disk "
@@ -315,8 +398,8 @@ def write_report(args, n, mb, res, producer, prod_n, logs) -> None:
                      f"{r['refresh_one'] * 1e3:.3f} ms | {r['log_files']} |")
     if len(logs) == 2:
         (a, ra), (b, rb) = logs.items()
-        ratio_open = rb["open"] / ra["open"]
-        ratio_ref = rb["refresh_one"] / ra["refresh_one"]
+        ratio_open = rb["open"] / positive(ra["open"], f"open at {a:,} commits")
+        ratio_ref = rb["refresh_one"] / positive(ra["refresh_one"], f"refresh at {a:,} commits")
         lines += ["", f"At {b:,} commits against {a:,}: open {ratio_open:.2f}×, refresh "
                   f"{ratio_ref:.2f}× (target within 2×: "
                   f"{'met' if max(ratio_open, ratio_ref) <= 2 else '**not met**'}). "
@@ -325,27 +408,7 @@ def write_report(args, n, mb, res, producer, prod_n, logs) -> None:
                   "a topic older than the grace period holds; the topic was on /dev/shm (the "
                   "files are in the page cache either way; this measures the work of opening). "
                   "Open is a fresh `Store.open` in the same process, median of 7."]
-    update_section(args.out, "store-bench", "\n".join(lines))
-
-
-def update_section(path: str, name: str, body: str) -> None:
-    """Replace (or append) the section between ``name``'s markers in RESULTS.md, re-reading
-    the file first and replacing it atomically (other scripts own other sections)."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    text = "# Benchmark results\n\nEach section is written by the script it names.\n"
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    block = f"{start}\n{body}\n{end}"
-    if start in text and end in text and text.index(start) < text.index(end):
-        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    print(f"wrote {path}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
