@@ -42,7 +42,7 @@ from typing import Any
 
 from tier_store import CommitConflict, CorruptSegment, DataLoss, PafkaError, Store, StoreFull
 from tier_store.layout import write_atomic
-from tier_store.moves import MoveResult, seal_idle
+from tier_store.moves import MoveResult, OldCopyInGrace, seal_idle
 from tier_store.segment import CHUNK_ALIGN, HEADER_SIZE
 
 from .policy import Move, SegmentView, TierView, plan_moves
@@ -133,6 +133,9 @@ class MigrationService:
         # (topic, segment id, tier) -> (time.monotonic() to plan it again at, back-off in s)
         self._unreadable: dict[tuple[str, str, int], tuple[float, float]] = {}
         self._unreadable_lock = threading.Lock()
+        # (topic, segment id, target tier) of moves refused while the segment's old file on
+        # the target tier is in its grace period: logged once (at info), not on every run.
+        self._in_grace: set[tuple[str, str, int]] = set()
         self._reopened: Store | None = None  # a handle this service opened (and closes)
 
     # -- configuration ----------------------------------------------------------------------
@@ -159,6 +162,8 @@ class MigrationService:
             live = {(s.topic, s.id, s.tier) for s in segs}
             for key in [k for k in self._unreadable if k not in live]:
                 del self._unreadable[key]  # deleted (retention), or moved by another service
+            ids = {(s.topic, s.id) for s in segs}
+            self._in_grace = {k for k in self._in_grace if k[:2] in ids}
             # A segment that failed to move for an unreadable file waits out its back-off:
             # seen as not movable, it still counts in its tier's usage and breaks merge runs.
             segs = [dataclasses.replace(s, sealed=False)
@@ -198,7 +203,8 @@ class MigrationService:
                 done += self._execute([m for m in downs if m.source == source])
             if ups:
                 # Promotions onto a pmem tier take the pool files the demotions freed, once
-                # garbage collection has put them back in the pool (after the grace period).
+                # garbage collection has put them back in the pool (at once when no reader
+                # pins them).
                 self._collect_garbage()
                 free = {u["tier"]: u["pool_free"] for u in self.store.tier_usage()
                         if "pool_free" in u}
@@ -206,7 +212,7 @@ class MigrationService:
                     batch = [m for m in ups if m.target == target]  # newest first
                     if target in free and len(batch) > free[target]:
                         log.info("%d promotions to tier %d wait for pool files (freed ones "
-                                 "return to the pool after log.cleanup.grace.ms)",
+                                 "return to the pool once no reader maps them)",
                                  len(batch) - max(0, free[target]), target)
                         batch = batch[:max(0, free[target])]
                     done += self._execute(batch)
@@ -246,6 +252,11 @@ class MigrationService:
                 self.store.collect_garbage(self.store.topic(name))
             except (PafkaError, OSError) as e:
                 log.warning("topic %s: garbage collection failed: %s", name, e)
+        try:
+            # Files of deleted topics that readers pinned when the topic was deleted.
+            self.store.reclaim_deleted()
+        except (PafkaError, OSError) as e:
+            log.warning("reclaiming deleted topics' files failed: %s", e)
 
     def _finish_run(self, done: list[MoveResult], deleted: int) -> None:
         self.stats.runs += 1
@@ -320,12 +331,23 @@ class MigrationService:
                 log.warning("merge of %s to tier %d failed: %s; moving them one by one",
                             what, m.target, e)
             return None, True
+        except OldCopyInGrace as e:
+            # Expected after a segment came back up and goes down again: it moves once the
+            # grace period of its old file there is over (or the file is adopted).
+            key = (m.topic, m.segments[0], m.target)
+            with self._unreadable_lock:
+                first = key not in self._in_grace
+                self._in_grace.add(key)
+            log.log(logging.INFO if first else logging.DEBUG,
+                    "move of %s to tier %d waits: %s", what, m.target, e)
+            return None, False
         except (CommitConflict, StoreFull, PafkaError) as e:
             log.warning("move of %s to tier %d skipped: %s", what, m.target, e)
             return None, False
         with self._unreadable_lock:
             for sid in m.segments:
                 self._unreadable.pop((m.topic, sid, m.source), None)
+                self._in_grace.discard((m.topic, sid, m.target))
         return r, False
 
     def _mark_unreadable(self, key: tuple[str, str, int]) -> float:

@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from tier_store import DataLoss, PafkaError, SchemaMismatch, Store, Topic
+from tier_store import DataLoss, PafkaError, SchemaMismatch, Store, Topic, TopicDeleted
 from tier_store.layout import STORE_FILE
 from tier_store.reading import ReadPlan, execute
 
@@ -45,6 +45,16 @@ from .types import conform_batch, target_arrow_schema
 log = logging.getLogger(__name__)
 
 Offsets = dict[str, dict[str, int]]
+# The key, beside the topics, under which a streaming offset names each topic's incarnation
+# (topic names cannot start with "_").
+IDS_KEY = "_ids"
+
+
+def split_ids(offsets: dict[str, Any]) -> tuple[Offsets, dict[str, str]]:
+    """(the topics' offsets, their incarnation ids) of a streaming offset."""
+    ids = offsets.get(IDS_KEY)
+    return ({n: v for n, v in offsets.items() if n != IDS_KEY},
+            dict(ids) if isinstance(ids, dict) else {})
 SPARK_BATCH_ROWS = 65_536
 # Ranges of fewer records than this share Spark partitions, up to this many records each: a
 # task costs a scheduling and a Python worker round trip whatever it reads, and that was
@@ -179,16 +189,52 @@ class _Planning:
         return self._store
 
     def topics(self) -> dict[str, Topic]:
-        """The topics read, refreshed; a pattern is re-evaluated (new topics join)."""
-        if not self._topics or self.opts.pattern is not None:
+        """The topics read, refreshed; a pattern is re-evaluated (new topics join). A topic
+        deleted since is looked up again: a topic created again under its name is a new
+        incarnation (another :attr:`Topic.id`); a named one that is gone fails naming it."""
+        for name, t in list(self._topics.items()):
+            try:
+                t.refresh()
+            except TopicDeleted:
+                del self._topics[name]
+        if not self._topics or self.opts.pattern is not None or \
+                len(self._topics) < len(self.opts.topics or ()):
             found = resolve_topics(self.store, self.opts)
             for t in found:
                 if t.name not in self._topics and self._topics:
                     check_same_schema([next(iter(self._topics.values())), t])
                 self._topics.setdefault(t.name, t)
-        for t in self._topics.values():
-            t.refresh()
         return dict(sorted(self._topics.items()))
+
+    def with_ids(self, offsets: Offsets, topics: dict[str, Topic]) -> Offsets:
+        """``offsets`` with each topic's incarnation under :data:`IDS_KEY`, so that a
+        checkpoint names the topic it read, not only its name."""
+        ids = {n: topics[n].id for n in offsets if n in topics and topics[n].id}
+        out: dict[str, Any] = dict(offsets)
+        if ids:
+            out[IDS_KEY] = dict(sorted(ids.items()))
+        return out
+
+    def recreated(self, ids: dict[str, str], topics: dict[str, Topic]) -> set[str]:
+        """Topics whose incarnation is not the one ``ids`` (from a checkpoint's offsets)
+        names: deleted and created again since. With failOnDataLoss (the default) that is
+        an error; otherwise they are read again from their earliest offset."""
+        out = set()
+        for name, was in ids.items():
+            t = topics.get(name)
+            if t is None or not was or not t.id or t.id == was:
+                continue
+            msg = (f"topic {name!r} was deleted and created again since this query's offsets "
+                   f"were recorded (they name topic id {was}; the topic now has id {t.id}): "
+                   "the new topic's records are not the ones the query was reading")
+            if self.opts.fail_on_data_loss:
+                raise TopicDeleted(f"{msg}. Start the query with a new checkpoint location, or "
+                                   "set failOnDataLoss=false to read the new topic from its "
+                                   "earliest offset")
+            log.warning("%s; reading the new topic from its earliest offset "
+                        "(failOnDataLoss=false)", msg)
+            out.add(name)
+        return out
 
     def resolve(self, spec: Any, default: str, kind: str) -> Offsets:
         """Offsets for every partition of every topic from a starting/ending spec."""
@@ -412,8 +458,9 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
 
     def initialOffset(self) -> Offsets:
         start = self.starting_offsets("latest")
-        return self._within_log(start, "startingOffsets: offset {s} of {where} is beyond the "
-                                       "latest offset")
+        return self.with_ids(
+            self._within_log(start, "startingOffsets: offset {s} of {where} is beyond the "
+                                    "latest offset"), self.topics())
 
     def _within_log(self, start: Offsets, what: str) -> Offsets:
         """``start`` with every offset beyond its partition's latest handled as Kafka's source
@@ -465,10 +512,13 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
                 for name, t in self.topics().items()}
 
     def reportLatestOffset(self) -> Offsets:
-        return self._latest()
+        return self.with_ids(self._latest(), self.topics())
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         topics = self.topics()  # refreshed once: reads only the new commit-log entries
+        start, ids = split_ids(start)
+        for name in self.recreated(ids, topics):
+            start.pop(name)  # read again from the new topic's earliest offset
         # A position beyond the log (the topic was deleted and created again since the
         # checkpoint) is data loss; with failOnDataLoss=false the query continues from the
         # latest offset, as below.
@@ -502,7 +552,7 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
         # Keep offsets of topics that start knows but no longer match (e.g. a deleted topic).
         for n, parts in start.items():
             latest.setdefault(n, dict(parts))
-        return {n: latest[n] for n in sorted(latest)}
+        return self.with_ids({n: latest[n] for n in sorted(latest)}, topics)
 
     def _limit(self, begin: Offsets, latest: Offsets, topics: dict[str, Topic],
                held: Offsets) -> Offsets:
@@ -539,14 +589,26 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
         return {n: {p: begin[n][p] + shares[(n, p)] for p in latest[n]} for n in latest}
 
     def partitions(self, start: Offsets, end: Offsets) -> list[PafkaPartition]:
+        start, start_ids = split_ids(start)
+        end, ids = split_ids(end)
+        # A topic deleted and created again since this batch's end was chosen: its range
+        # names the old records (an error, or skipped with failOnDataLoss=false).
+        for name in self.recreated(ids, self.topics()):
+            end.pop(name)
+        # An end in a new incarnation after a start in the old one: latestOffset chose to
+        # read the new topic from its earliest offset (failOnDataLoss=false).
+        for name, was in start_ids.items():
+            if ids.get(name) and was != ids[name]:
+                start.pop(name, None)
         return self.plan(start, end)
 
     def commit(self, end: Offsets) -> None:
         if self.opts.consumer_group is None:
             return
+        end, ids = split_ids(end)
         topics = self.topics()
         for name, parts in end.items():
-            if name in topics:
+            if name in topics and (not ids.get(name) or ids[name] == topics[name].id):
                 topics[name].set_position(self.opts.consumer_group,
                                           {int(p): o for p, o in parts.items()})
 

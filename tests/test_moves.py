@@ -1,4 +1,5 @@
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from tier_store import CommitConflict, PafkaError, Store
-from tier_store.moves import seal_idle
+from tier_store.moves import OldCopyInGrace, seal_idle
 from tier_store.reading import execute
 from tier_store.recovery import check_topic
 
@@ -263,3 +264,230 @@ def test_a_move_makes_the_directories_it_creates_durable(tmp_path, shm_dir, monk
     # <tier>/t and <tier>/t/0 are new: their entries in their parents must be durable too.
     for d in (tier2, os.path.join(tier2, "t"), os.path.join(tier2, "t", "0")):
         assert os.path.realpath(d) in synced, (d, synced)
+
+
+
+# -- a segment moved back to a tier whose old copy is in its grace period -------------------------
+
+def _default_grace(tmp_path, shm_dir, **extra):
+    """A tiered store with the default grace period (10 minutes): no old file ages out here."""
+    return Store.open(tmp_path / "store", {
+        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
+        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, **extra})
+
+
+def _down_up(s, t, sid):
+    """Move ``sid`` from tier 1 to tier 2 and back up: its tier-2 copy stays, tombstoned, in
+    its grace period. Returns that copy's path."""
+    assert s.move_segment(f"t/{sid}", 2).to_tier == 2
+    old = next(x for x in t.segments() if x.id == sid).path
+    s.collect_garbage(t)  # the tier-1 pool file goes back to the pool (no reader pins it)
+    assert s.move_segment(f"t/{sid}", 1).to_tier == 1
+    assert os.path.exists(old) and s.collect_garbage(t) == 0  # in its grace period
+    return old
+
+
+def _chunk_positions(t, sid):
+    st = t.state()
+    seg = st.segments[sid]
+    rows = st.chunks[seg.partition].rows()
+    return [(int(r["pos"]), int(r["len"])) for r in rows[rows["seq"] == seg.seq]]
+
+
+def test_a_segment_demoted_again_in_the_grace_period_re_adopts_its_old_copy(tmp_path, shm_dir):
+    s = _default_grace(tmp_path, shm_dir)
+    assert s.config["log.cleanup.grace.ms"] == 600_000
+    t = _fill(s)
+    want = read_all(t, 0)
+    sid = t.segments()[1].id
+    old = _down_up(s, t, sid)
+    ino, size = os.stat(old).st_ino, os.path.getsize(old)
+    plan = t.plan_read(0, 0)  # names the segment's tier-1 file
+    r = s.move_segment(f"t/{sid}", 2)
+    assert r.adopted and (r.to_tier, r.from_tiers, r.sources) == (2, (1,), (sid,))
+    seg = next(x for x in t.segments() if x.id == sid)
+    assert seg.tier == 2 and seg.path == old
+    assert (os.stat(old).st_ino, os.path.getsize(old)) == (ino, size)  # nothing copied
+    assert [k for pb in execute(plan) for k in pb.batch.column("key").to_pylist()] == want
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == want and check_topic(fresh).ok
+    # Referenced again: garbage collection keeps it; the tier-1 file goes to the pool.
+    assert s.collect_garbage(t) == 1 and os.stat(old).st_ino == ino
+    usage = {u["tier"]: u for u in s.tier_usage()}
+    assert usage[1]["pool_free"] + usage[1]["segments"] == usage[1]["pool_files"]
+    # And round again: the tier-1 pool file is free to take, the tier-2 file adopted again.
+    s.move_segment(f"t/{sid}", 1)
+    assert s.move_segment(f"t/{sid}", 2).adopted and os.stat(old).st_ino == ino
+    assert read_all(Store.open(s.root).topic("t"), 0) == want
+
+
+def test_a_segment_that_spilled_to_tier_two_re_adopts_the_file_its_writer_wrote(tmp_path,
+                                                                                shm_dir):
+    # Written straight to tier 2 in a burst (tier 1 full), promoted, then demoted again.
+    s = _default_grace(tmp_path, shm_dir, **{"storage.tiers.first.sizes": "256k"})
+    t = _fill(s, n=60)
+    want = read_all(t, 0)
+    spilled = [x for x in t.segments() if x.tier == 2 and x.sealed][0]
+    ino = os.stat(spilled.path).st_ino
+    s.move_segment(f"t/{t.segments()[0].id}", 2)  # frees a pool file for the promotion
+    s.collect_garbage(t)
+    assert s.move_segment(f"t/{spilled.id}", 1).to_tier == 1
+    r = s.move_segment(f"t/{spilled.id}", 2)
+    assert r.adopted and os.stat(spilled.path).st_ino == ino
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == want and check_topic(fresh).ok
+
+
+def _not_adopted_because(caplog):
+    return [r.getMessage() for r in caplog.records if "adopted" in r.getMessage()]
+
+
+def test_an_old_copy_with_a_damaged_byte_is_not_re_adopted(tmp_path, shm_dir, caplog):
+    caplog.set_level(logging.DEBUG, logger="tier_store.moves")
+    s = _default_grace(tmp_path, shm_dir)
+    t = _fill(s)
+    want = read_all(t, 0)
+    sid = t.segments()[1].id
+    old = _down_up(s, t, sid)
+    pos, length = _chunk_positions(t, sid)[2]  # the layout is the same on both tiers
+    with open(old, "r+b") as f:
+        f.seek(pos + length // 2)
+        byte = f.read(1)
+        f.seek(pos + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    before = os.stat(old)
+    with pytest.raises(CommitConflict, match="grace period") as e:
+        s.move_segment(f"t/{sid}", 2)
+    assert isinstance(e.value, OldCopyInGrace)
+    assert "does not match its checksum" in " ".join(_not_adopted_because(caplog))
+    # Nothing changed: the segment stays on tier 1, the old file as it was (not touched).
+    after = os.stat(old)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == \
+        (before.st_ino, before.st_mtime_ns, before.st_size)
+    assert next(x for x in t.segments() if x.id == sid).tier == 1
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == want and check_topic(fresh).ok
+
+
+def test_an_old_copy_laid_out_otherwise_or_locked_is_not_re_adopted(tmp_path, shm_dir, caplog):
+    caplog.set_level(logging.DEBUG, logger="tier_store.moves")
+    s = _default_grace(tmp_path, shm_dir)
+    t = _fill(s)
+    want = read_all(t, 0)
+    sid = t.segments()[1].id
+    old = _down_up(s, t, sid)
+    ino = os.stat(old).st_ino
+    # Held by a live move (or a release): left alone.
+    fd = os.open(old, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(CommitConflict, match="still exists"):
+            s.move_segment(f"t/{sid}", 2)
+    finally:
+        os.close(fd)
+    assert "is locked" in " ".join(_not_adopted_because(caplog))
+    # A block more than a copy holds past its end: not the copy's layout.
+    with open(old, "ab") as f:
+        f.write(b"\0" * 4096)
+    with pytest.raises(CommitConflict, match="grace period"):
+        s.move_segment(f"t/{sid}", 2)
+    assert "a copy would end at byte" in " ".join(_not_adopted_because(caplog))
+    assert os.stat(old).st_ino == ino
+    assert next(x for x in t.segments() if x.id == sid).tier == 1
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == want and check_topic(fresh).ok
+
+
+def test_a_merge_onto_an_old_copy_in_its_grace_period_waits_and_others_merge(tmp_path,
+                                                                             shm_dir):
+    s = _default_grace(tmp_path, shm_dir)
+    t = _fill(s)
+    want = read_all(t, 0)
+    segs = [x for x in t.segments() if x.sealed]
+    old = _down_up(s, t, segs[0].id)
+    # A merge writes a new segment under the first one's name: never an adoption.
+    with pytest.raises(OldCopyInGrace):
+        s.move_segment(segs[0].id, 2, merge_with=[segs[1].id], topic="t")
+    assert {x.id: x.tier for x in t.segments()}[segs[1].id] == 1
+    r = s.move_segment(segs[2].id, 2, merge_with=[x.id for x in segs[3:5]], topic="t")
+    assert not r.adopted and r.sources == tuple(x.id for x in segs[2:5])
+    merged = next(x for x in t.segments() if x.id == segs[2].id)
+    assert merged.tier == 2 and merged.records == sum(x.records for x in segs[2:5])
+    assert os.path.exists(old)
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == want and check_topic(fresh).ok
+
+
+@pytest.mark.parametrize("point", ["move.verified", "move.linked", "move.committed"])
+def test_a_re_adopting_move_killed_at_any_step_loses_nothing(tmp_path, shm_dir, point):
+    s = _default_grace(tmp_path, shm_dir)
+    t = _fill(s)
+    want = read_all(t, 0)
+    sid = t.segments()[1].id
+    old = _down_up(s, t, sid)
+    ino = os.stat(old).st_ino
+    code = textwrap.dedent(f"""
+        from tier_store import Store
+        Store.open({str(s.root)!r}).move_segment("t/{sid}", 2)
+    """)
+    env = dict(os.environ, PAFKA_CRASH_POINT=point)
+    r = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    after = Store.open(s.root).topic("t")
+    assert read_all(after, 0) == want and check_topic(after).ok
+    assert os.stat(old).st_ino == ino
+    tier = next(x for x in after.segments() if x.id == sid).tier
+    assert tier == (2 if point == "move.committed" else 1)
+    if tier == 1:  # the mover died holding the old file's lock: the kernel dropped it
+        assert s.move_segment(f"t/{sid}", 2).adopted and os.stat(old).st_ino == ino
+    s2 = Store.open(s.root)
+    s2.collect_garbage(s2.topic("t"))
+    t2 = s2.topic("t")
+    assert read_all(t2, 0) == want and check_topic(t2).ok
+    usage = {u["tier"]: u for u in s2.tier_usage()}
+    assert usage[1]["pool_free"] + usage[1]["segments"] == usage[1]["pool_files"]
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_segment_going_back_to_a_remote_tier_re_adopts_its_old_copy(tmp_path, kind):
+    import uuid
+    url = f"file://{tmp_path}/remote" if kind == "file" else \
+        f"memory://pafka-{uuid.uuid4().hex[:8]}"
+    s = Store.open(tmp_path / "store", {
+        "log.channel.type": "tiered", "storage.tiers.types": "NVME,REMOTE",
+        "storage.tiers.first.sizes": "1m", "storage.tiers.second.paths": url,
+        "log.segment.bytes": "64k"})
+    t = _fill(s)
+    want = read_all(t, 0)
+    sid = t.segments()[1].id
+    assert not s.move_segment(f"t/{sid}", 2).adopted  # uploaded
+    # Back up: the segment's old file on tier 1 (its writer's) is in its grace period.
+    assert s.move_segment(f"t/{sid}", 1).adopted
+    r = s.move_segment(f"t/{sid}", 2)
+    assert r.adopted and r.to_tier == 2
+    fresh = Store.open(s.root).topic("t")
+    assert read_all(fresh, 0) == want and check_topic(fresh).ok
+
+
+def test_the_service_logs_a_move_waiting_for_an_old_copy_s_grace_period_once(tmp_path, shm_dir,
+                                                                              caplog):
+    from migration import MigrationService
+    from migration.policy import Move
+    from migration.service import Throttle
+    s = _default_grace(tmp_path, shm_dir)
+    t = _fill(s)
+    sid = t.segments()[1].id
+    old = _down_up(s, t, sid)
+    with open(old, "ab") as f:  # not laid out as a copy: not adopted, the move waits
+        f.write(b"\0" * 4096)
+    svc = MigrationService(s)
+    move = Move("t", (sid,), 1, 2, 0)
+    caplog.set_level(logging.DEBUG, logger="migration.service")
+    for _ in range(3):
+        assert svc._move(move, Throttle(0)) == (None, False)
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records
+              if r.name == "migration.service"]
+    assert [lvl for lvl, _ in logged] == [logging.INFO, logging.DEBUG, logging.DEBUG], logged
+    assert "grace period" in logged[0][1]

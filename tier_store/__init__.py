@@ -18,6 +18,7 @@ from .errors import (
     PmemUnavailable,
     SchemaMismatch,
     StoreFull,
+    TopicDeleted,
     TopicExists,
     TopicNotFound,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Store",
     "StoreFull",
     "Topic",
+    "TopicDeleted",
     "TopicExists",
     "TopicNotFound",
     "__version__",

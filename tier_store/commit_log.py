@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from .crash import crash_point
 from .entries import Entry, decode
-from .errors import CorruptSegment, TopicNotFound
+from .errors import CorruptSegment, TopicDeleted, TopicNotFound
 from .layout import (
     CHECKPOINT_LOCK,
     CHECKPOINT_SUFFIX,
@@ -60,10 +60,45 @@ class CommitLog:
     def __init__(self, path: str, topic: str):
         self.path = path
         self.topic = topic
+        # (st_dev, st_ino) of the directory when first read: a topic deleted and created
+        # again has a new one, and this handle must never publish into or read from it. The
+        # directory is held open, so its inode number cannot be reused while we compare.
+        self._ident: tuple[int, int] | None = None
+        self._dir_fd = -1
+
+    def _check_incarnation(self) -> None:
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            now = None
+        if self._ident is None:
+            if now is None:
+                return
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            held = os.fstat(fd)
+            if (held.st_dev, held.st_ino) != now:
+                os.close(fd)  # replaced in between: compare against the next look
+                return
+            self._dir_fd, self._ident = fd, now
+        elif now != self._ident:
+            again = " and created again" if now is not None else ""
+            raise TopicDeleted(f"topic {self.topic!r} was deleted{again} since this handle "
+                               "opened it: open the topic again")
+
+    def close(self) -> None:
+        """Let go of the directory this handle holds open."""
+        fd, self._dir_fd = self._dir_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
     # -- publication ----------------------------------------------------------------------
     def publish(self, version: int, entry: Entry) -> bool:
         """Publish ``entry`` as ``version``; False if that number is already taken."""
+        self._check_incarnation()
         tmp = write_temp(self.path, entry.encode())
         crash_point("log.publish.tmp")
         try:
@@ -97,6 +132,7 @@ class CommitLog:
 
     def load(self) -> TopicState:
         """The topic's newest state: last checkpoint, then every entry after it."""
+        self._check_incarnation()
         if not os.path.isdir(self.path):
             raise TopicNotFound(f"topic {self.topic!r} has no commit log at {self.path}")
         cp = self.last_checkpoint()
@@ -118,6 +154,7 @@ class CommitLog:
 
     def refresh(self, state: TopicState) -> TopicState:
         """Apply the entries published since ``state.version``; returns the state to use."""
+        self._check_incarnation()
         while True:
             v = state.version + 1
             entry = self.read_entry(v)

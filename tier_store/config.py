@@ -180,15 +180,18 @@ KEYS: dict[str, ConfigKey] = {
                   "Capacity of tier 2 in bytes; 0 means limited only by the filesystem. "
                   "Alias of storage.tiers.2.sizes.", minimum=0),
         ConfigKey("storage.migrate.threshold", "float", 0.5,
-                  "Fraction of tier 1 that should hold data in the balanced state; -1 disables "
-                  "migration.", changeable=True, minimum=0.0, maximum=1.0, special=(-1,)),
+                  "Fraction of each tier with a capacity (all but the last) that should hold "
+                  "data in the balanced state; it decides how much a tier holds, never the "
+                  "order (the newest sealed segments are always on the fastest tiers). -1 "
+                  "disables migration (retention still runs).", changeable=True, minimum=0.0,
+                  maximum=1.0, special=(-1,)),
         ConfigKey("storage.migrate.threshold.low", "float", None,
-                  "Lower edge of a hysteresis band: segments move up only while tier 1 is "
-                  "below it (empty: storage.migrate.threshold).", changeable=True,
+                  "Lower edge of a hysteresis band: a tier below it takes segments up from "
+                  "slower tiers (empty: storage.migrate.threshold).", changeable=True,
                   minimum=0.0, maximum=1.0, note="not above storage.migrate.threshold.high"),
         ConfigKey("storage.migrate.threshold.high", "float", None,
-                  "Upper edge of a hysteresis band: segments move down only while tier 1 is "
-                  "above it (empty: storage.migrate.threshold).", changeable=True,
+                  "Upper edge of a hysteresis band: a tier above it passes its oldest segments "
+                  "down (empty: storage.migrate.threshold).", changeable=True,
                   minimum=0.0, maximum=1.0, note="not below storage.migrate.threshold.low"),
         ConfigKey("storage.migrate.interval.ms", "int", 5000,
                   "How often the migration service applies the policy, in milliseconds.",

@@ -56,6 +56,9 @@ class CreateEntry(Entry):
     schema: str  # base64 of the Arrow IPC schema message
     partitions: int
     config: dict[str, Any] = field(default_factory=dict)
+    # This incarnation of the topic (Kafka's topic id, KIP-516): a topic deleted and created
+    # again under its name has another. "" in logs written before topics had ids.
+    id: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ class TopicNotFound(PafkaError, LookupError):
     """The named topic does not exist in the store."""
 
 
+class TopicDeleted(TopicNotFound):
+    """The topic (the incarnation a handle, a plan or an offset names) was deleted; a topic
+    of the same name may exist now, with another id."""
+
+
 class TopicExists(PafkaError):
     """A topic of that name already exists."""
 

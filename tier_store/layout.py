@@ -15,6 +15,7 @@ Under the store root::
     <topic>/_partitions/<p>.remote.lock flock held while a move writes partition p's segment
                                         to a remote tier, or garbage collection deletes one
     <topic>/_partitions/<p>.active      JSON naming partition p's active segment
+    _deleted/<topic>.<id>/              a deleted topic's directory, removed right after
 
 Under each tier directory::
 
@@ -23,6 +24,7 @@ Under each tier directory::
     _pool/_complete                     pool size and file size of a complete pool
     _pool/_lock                         flock held while completing the pool
     _pafka_store                        the store that owns a tier outside its root
+    _deleted/<topic>.<id>/<p>/...       a deleted topic's segments, reclaimed once unpinned
 
 Numbers are zero-padded to 20 digits so that ``ls`` sorts them numerically.
 """
@@ -45,6 +47,7 @@ TIER_OWNER = "_pafka_store"
 LOG_DIR = "_log"
 PARTITIONS_DIR = "_partitions"
 POOL_DIR = "_pool"
+DELETED_DIR = "_deleted"
 ENTRY_SUFFIX = ".json"
 CHECKPOINT_SUFFIX = ".checkpoint"
 LAST_CHECKPOINT = "_last_checkpoint"

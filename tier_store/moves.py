@@ -23,6 +23,23 @@ only once it is untouched for the grace period, so a live move's copy is never t
 
 A crash at any step loses nothing: before the commit, the log still names the old files (the
 copy is an unreferenced file that garbage collection reclaims); after it, the new ones.
+
+**Re-adoption.** A segment that moves back to a tier it lived on while its old file there is
+still in its grace period (demoted, promoted, demoted again) finds that file under its name.
+Moves lay a segment out deterministically (:func:`_layout`: the header, then the committed
+chunks in offset order, each at the next aligned position), and a sealed segment's chunks
+never change, so when the old file is laid out exactly as the copy would be, the move adopts
+it instead of copying: it takes the file's exclusive ``flock`` (as a copy's lock: garbage
+collection and other services release no locked file), checks that the name still leads to
+it, that its header names the segment and ends where the layout does, that its size is the
+one a copy would have, and every chunk's checksum at its position in the layout; then seals
+the header if needed, touches and syncs the file, and publishes the same ``move`` entry a copy
+would (same conflict rules and relocation checks). Its bytes at those positions are the bytes
+a reader that planned against the old file reads, so no grace period is needed. Anything
+different, and the move goes on as without it (the old file waits for its grace period). Until
+the entry is published the file is as unreferenced as before, so a crash changes nothing
+garbage collection relies on; a lost race leaves it in place. On a remote tier the same checks
+run by ranged reads under the partition's remote-name lock (the file is not touched there).
 """
 
 from __future__ import annotations
@@ -31,7 +48,9 @@ import contextlib
 import dataclasses
 import fcntl
 import logging
+import mmap
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,7 +66,7 @@ from .errors import CommitConflict, CorruptSegment, DataLoss, PafkaError, StoreF
 from .garbage import release_file
 from .layout import REMOTE_LOCK, TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
 from .reading import MAPS, read_range
-from .segment import HEADER_SIZE, SegmentHeader, align
+from .segment import HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
 from .tiers import PmemTier, Tier
 from .tiers.pmem import PmemSegmentWriter
@@ -72,6 +91,15 @@ class MoveResult:
     bytes: int
     records: int
     seconds: float
+    # True when the move adopted the segment's old file on the target tier (laid out as the
+    # copy would be, verified) instead of copying.
+    adopted: bool = False
+
+
+class OldCopyInGrace(CommitConflict):
+    """A move is refused because the segment's old file on the target tier (left when it
+    moved away) is in its grace period and could not be re-adopted: it goes, and the move can
+    be made, once ``log.cleanup.grace.ms`` has passed."""
 
 
 def _sources(st: TopicState, topic: Topic, ids: Sequence[str]) -> list[SegmentState]:
@@ -171,13 +199,28 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                 raise CommitConflict(f"topic {topic.name!r}: segment {changed[0]} changed "
                                      "since the move was planned")
         with names:
-            if target.exists(final):
-                _release_old_copy(topic, target, segment_id(p, seq), final, tomb, tier_number,
-                                  grace_s)
             lock = -1  # holds our copy's flock until the entry is published (or discarded)
-            if target.local:
+            adopted = False
+            if target.exists(final):
+                try:
+                    _release_old_copy(topic, target, segment_id(p, seq), final, tomb,
+                                      tier_number, grace_s)
+                except CommitConflict:
+                    # The old file stays: adopt it if it is laid out as our copy would be.
+                    if len(segs) != 1:
+                        raise
+                    chunks, end = _layout(rows, p, seq, tier_number)
+                    if target.local:
+                        lock = _adopt_local(topic, target, final, p, seq, chunks, end)
+                        adopted = lock >= 0
+                    else:
+                        adopted = _adopt_remote(topic, target, final, p, seq, chunks, end)
+                    if not adopted and target.exists(final):
+                        raise
+                    # (Released by garbage collection meanwhile: the name is free, copy.)
+            if not adopted and target.local:
                 chunks, lock = _place_local(topic, target, segs, rows, st, need, throttle, final)
-            else:
+            elif not adopted:
                 chunks = _upload(topic, target, segs, rows, throttle, final)
             entry = MoveEntry(0, p, tuple(s.seq for s in segs), seq, tier_number, tuple(chunks))
 
@@ -202,7 +245,8 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
                 log.info("topic %s: move of %s lost a race (%s); retrying", topic.name,
                          [s.id for s in segs], e)
                 now = topic.state().segments.get(segment_id(p, seq))
-                if lock >= 0 and (now is None or now.tier != tier_number):
+                # An adopted file stays what it was: the old copy, left to its grace period.
+                if lock >= 0 and not adopted and (now is None or now.tier != tier_number):
                     _discard_own(target, final, lock)
                 continue
             finally:
@@ -213,11 +257,12 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         MAPS.drop({store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs})
         result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
                             tuple(s.tier for s in segs), tier_number, int(rows["len"].sum()),
-                            int(rows["n"].sum()), time.perf_counter() - t0)
-        log.info("moved %s/%s (%s) from tier %s to tier %d: %d bytes, %d records in %.3f s",
+                            int(rows["n"].sum()), time.perf_counter() - t0, adopted)
+        log.info("moved %s/%s (%s) from tier %s to tier %d: %d bytes, %d records in %.3f s%s",
                  topic.name, result.segment, ", ".join(result.sources),
                  "/".join(map(str, result.from_tiers)), tier_number, result.bytes,
-                 result.records, result.seconds)
+                 result.records, result.seconds,
+                 " (re-adopted its old file there, nothing copied)" if adopted else "")
         return result
     raise CommitConflict(f"topic {topic.name!r}: gave up moving {list(segment_ids)} after "
                          f"{attempts} lost races")
@@ -236,6 +281,10 @@ def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,
     since = tomb[1] / 1000.0 if tomb is not None and moved_away else now
     # On a pool tier readers pin what they map: the old file goes once no pin is left.
     pinned = target.pinned_by_readers and moved_away
+    if moved_away and not pinned and now - since <= grace_s:
+        raise OldCopyInGrace(f"topic {topic.name!r}: {final} still exists (the segment's old "
+                             "copy there is in its grace period, log.cleanup.grace.ms); try "
+                             "later")
     if pinned or now - since > grace_s:
         if not target.local:
             target.release_segment(final)
@@ -250,6 +299,159 @@ def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,
             return
     raise CommitConflict(f"topic {topic.name!r}: {final} still exists (a move of the segment "
                          "is under way, or its old copy is in its grace period); try later")
+
+
+def _layout(rows: np.ndarray, p: int, seq: int, tier: int) -> tuple[list[ChunkRecord], int]:
+    """Where a move puts the committed chunks ``rows`` (in offset order) in segment ``seq``'s
+    file on ``tier``: after the header, each at the next aligned position. Returns the chunks
+    at their positions and the file's end. The one layout of every copy and upload, so that
+    an old file of the segment laid out by it can be adopted (:func:`_adopt_local`)."""
+    chunks: list[ChunkRecord] = []
+    pos = HEADER_SIZE
+    for r in rows:
+        pos = align(pos)
+        chunks.append(_record(r, p, seq, tier, pos))
+        pos += int(r["len"])
+    return chunks, pos
+
+
+BLOCK = 4096
+"""A file tier's direct writes end on a block: a segment file may run this far past its end."""
+
+
+def _size_differs(target: Tier, size: int, end: int) -> bool:
+    """Whether a file of ``size`` bytes whose layout ends at ``end`` is not what a copy on
+    ``target`` would be: a pool file is the pool's size; a file tier's file ends at ``end``,
+    or in the block holding it (a direct write's padding); a remote object ends at it."""
+    if isinstance(target, PmemTier):
+        return size != target.segment_bytes
+    if target.local:
+        return not end <= size <= -(-end // BLOCK) * BLOCK
+    return size != end
+
+
+def _header_differs(hdr: SegmentHeader, p: int, seq: int, end: int) -> str | None:
+    if (hdr.partition, hdr.seq) != (p, seq):
+        return f"its header names segment {hdr.partition}-{hdr.seq}"
+    if hdr.end != end:
+        return f"its header ends at byte {hdr.end}, the layout at byte {end}"
+    return None
+
+
+def _adopt_local(topic: Topic, target: Tier, final: str, p: int, seq: int,
+                 chunks: list[ChunkRecord], end: int) -> int:
+    """Adopt the file at ``final`` (the segment's old file on the local tier ``target``) as
+    the move's result if it is laid out as :func:`_layout` says, ``chunks`` and ``end``: return
+    the descriptor holding its exclusive ``flock`` (as :func:`_lock_copy` returns a copy's; the
+    caller closes it once the entry is published), or -1 to copy instead.
+
+    The lock is taken without waiting: a file locked by a live move (its copy), by garbage
+    collection releasing it, or pinned by a reader is left alone. Under it the name must
+    still lead to the file, and its header, size and every chunk's checksum must be what a
+    copy would write; then its header is sealed if it is not, its mtime refreshed (a file left
+    by a crash ages from here, as a copy does) and it is synced with its directory entries.
+    The chunks' bytes are never written: a reader that planned against the old file reads
+    the same bytes."""
+    try:
+        fd = os.open(final, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return -1  # released meanwhile (or not a plain file: never adopted)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.debug("topic %s: %s is locked (a live move, a release or a reader): not "
+                      "adopted", topic.name, final)
+            os.close(fd)
+            return -1
+        why = _local_differs(fd, final, target, p, seq, chunks, end)
+        if why is not None:
+            log.debug("topic %s: the old file %s is not adopted: %s", topic.name, final, why)
+            os.close(fd)
+            return -1
+        crash_point("move.verified")
+        hdr = SegmentHeader.unpack(os.pread(fd, HEADER_SIZE, 0), final)
+        if not hdr.sealed:
+            os.pwrite(fd, WORD.pack(1), SEALED_OFFSET)  # one aligned word, as seal() writes
+        os.utime(fd)
+        os.fsync(fd)
+        # Its entries were made durable when it was linked, unless that mover died first.
+        fsync_dir(os.path.dirname(final))
+        for parent in target.entry_dirs(os.path.dirname(final)):
+            fsync_dir(parent)
+        crash_point("move.linked")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _local_differs(fd: int, final: str, target: Tier, p: int, seq: int,
+                   chunks: list[ChunkRecord], end: int) -> str | None:
+    """Why the file ``fd`` (locked by us) is not what a copy to ``final`` would be; None if
+    it is, chunk for chunk."""
+    held = os.fstat(fd)
+    try:
+        named = os.stat(final, follow_symlinks=False)
+    except FileNotFoundError:
+        return "it was released"
+    if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+        return "the name leads to another file now"
+    if not stat.S_ISREG(held.st_mode):
+        return "not a regular file"
+    if _size_differs(target, held.st_size, end):
+        return f"{held.st_size} bytes, a copy would end at byte {end}"
+    try:
+        hdr = SegmentHeader.unpack(os.pread(fd, HEADER_SIZE, 0), final)
+    except CorruptSegment as e:
+        return str(e)
+    why = _header_differs(hdr, p, seq, end)
+    if why is not None:
+        return why
+    m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    try:
+        with contextlib.suppress(OSError, AttributeError):
+            m.madvise(mmap.MADV_SEQUENTIAL)
+        for c in chunks:
+            with memoryview(m)[c.pos:c.pos + c.len] as view:
+                if checksum(view) != c.crc:
+                    return (f"the chunk with offsets [{c.base}, {c.base + c.n}) does not "
+                            f"match its checksum at byte {c.pos}")
+    finally:
+        m.close()
+    return None
+
+
+def _adopt_remote(topic: Topic, target: Tier, final: str, p: int, seq: int,
+                  chunks: list[ChunkRecord], end: int) -> bool:
+    """Whether the object at ``final`` on the remote tier ``target`` (the segment's old copy)
+    is laid out as :func:`_layout` says and sealed, checked by ranged reads: then the move
+    names it instead of uploading. The caller holds the partition's remote-name lock, under
+    which alone objects of the partition are written or deleted, until its entry is
+    published. Nothing is written (an object store cannot touch or patch an object)."""
+    why: str | None
+    try:
+        hdr = target.read_header(final)
+        if hdr is None:
+            return False
+        why = _header_differs(hdr, p, seq, end)
+        if why is None and not hdr.sealed:
+            why = "its header is not sealed"
+        if why is None and _size_differs(target, target.file_size(final), end):
+            why = f"its size is not {end} bytes"
+        for c in chunks if why is None else ():
+            if checksum(read_range(final, c.pos, c.len)) != c.crc:
+                why = (f"the chunk with offsets [{c.base}, {c.base + c.n}) does not match "
+                       f"its checksum at byte {c.pos}")
+                break
+    except (OSError, CorruptSegment) as e:
+        why = str(e)
+    if why is not None:
+        log.debug("topic %s: the old copy %s is not adopted: %s", topic.name, final, why)
+        return False
+    crash_point("move.verified")
+    crash_point("move.linked")
+    return True
 
 
 def _place_local(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
@@ -311,22 +513,19 @@ def _upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarr
     tiers = {s.seq: s.tier for s in segs}
     out = pa.BufferOutputStream()
     out.write(b"\0" * HEADER_SIZE)
-    chunks: list[ChunkRecord] = []
+    chunks, end = _layout(rows, p, seq, target.number)
     pos = HEADER_SIZE
-    for r in rows:
-        length = int(r["len"])
+    for r, c in zip(rows, chunks, strict=True):
         src = store.tier(tiers[int(r["seq"])]).segment_path(topic.name, p, int(r["seq"]))
-        buf = _read_source(topic, p, int(r["seq"]), src, int(r["pos"]), length)
-        if align(pos) > pos:
-            out.write(b"\0" * (align(pos) - pos))
-            pos = align(pos)
+        buf = _read_source(topic, p, int(r["seq"]), src, int(r["pos"]), c.len)
+        if c.pos > pos:
+            out.write(b"\0" * (c.pos - pos))
         out.write(buf)
-        chunks.append(_record(r, p, seq, target.number, pos))
-        pos += length
+        pos = c.pos + c.len
         if throttle is not None:
-            throttle(length)
+            throttle(c.len)
     data = out.getvalue()
-    header = SegmentHeader(p, seq, pos, True, int(time.time() * 1000)).pack()
+    header = SegmentHeader(p, seq, end, True, int(time.time() * 1000)).pack()
     data = pa.py_buffer(header + data.slice(HEADER_SIZE).to_pybytes())
     crash_point("move.copied")
     if target.exists(final):
@@ -415,8 +614,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
             raise StoreFull(f"tier {target.number} ({target.path}): {used} of "
                             f"{target.capacity} bytes used, {need} more do not fit")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    chunks: list[ChunkRecord] = []
-    pos = HEADER_SIZE
+    chunks, end = _layout(rows, p, segs[0].seq, target.number)
     lock = -1
     try:
         # Before the first byte is written: a pool file keeps the mtime of its last use, and
@@ -427,14 +625,13 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
             mapping = writer._map
             mapping.populate(0, need)
             out = mapping.buffer(0, mapping.length)
-        for r in rows:
+        for r, c in zip(rows, chunks, strict=True):
             if time.monotonic() - touched >= touch_every:
                 _touch(topic, tmp)
                 touched = time.monotonic()
-            seq, length = int(r["seq"]), int(r["len"])
+            seq, pos, length = int(r["seq"]), c.pos, c.len
             src = store.tier(tiers[seq]).segment_path(topic.name, p, seq)
             buf = _read_source(topic, p, seq, src, int(r["pos"]), length)
-            pos = align(pos)
             if writer is not None:
                 out[pos:pos + length] = memoryview(buf)
             else:
@@ -443,14 +640,12 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
                 os.pwrite(fd, view[:half], pos)
                 crash_point("move.copy")
                 os.pwrite(fd, view[half:], pos + half)
-            chunks.append(_record(r, p, segs[0].seq, target.number, pos))
-            pos += length
             if throttle is not None:
                 throttle(length)
-        header = SegmentHeader(p, segs[0].seq, pos, True, int(time.time() * 1000)).pack()
+        header = SegmentHeader(p, segs[0].seq, end, True, int(time.time() * 1000)).pack()
         if writer is not None:
             out[0:HEADER_SIZE] = header
-            mapping.flush(0, pos)
+            mapping.flush(0, end)
         else:
             os.pwrite(fd, header, 0)
             os.fsync(fd)
@@ -476,7 +671,12 @@ def _lock_copy(topic: Topic, tmp: str) -> int:
     return the descriptor that holds it. Garbage collection and other services never release
     a locked file (:func:`~tier_store.garbage.release_file`), so the lock is held until the
     ``move`` entry is published or the copy discarded; the kernel drops it if we die."""
-    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+    except FileNotFoundError:  # reclaimed between its creation and here
+        raise PafkaError(f"topic {topic.name!r}: the temporary copy {tmp} of a move was "
+                         "reclaimed by garbage collection before it was locked; move "
+                         "abandoned") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         held = os.fstat(fd)
@@ -540,4 +740,4 @@ def seal_idle(topic: Topic, idle_ms: int, now_ms: int | None = None) -> list[str
     return sealed
 
 
-__all__ = ["MoveResult", "move_segment", "seal_idle"]
+__all__ = ["MoveResult", "OldCopyInGrace", "move_segment", "seal_idle"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .chunk import ChunkDecoder, checksum
-from .errors import CorruptSegment, DataLoss
+from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
 from .layout import SEGMENT_SUFFIX
 from .segment import SegmentHeader
 
@@ -52,6 +52,7 @@ class ReadPlan:
     start: int
     end: int
     chunks: tuple[PlannedChunk, ...]
+    topic_id: str = ""  # the incarnation planned against
 
     @property
     def records(self) -> int:
@@ -158,6 +159,12 @@ class MappedFiles:
         with self._lock:
             for path in paths:
                 self._maps.pop(path, None)
+
+    def drop_under(self, prefixes: list[str]) -> None:
+        """Drop the cached mappings of paths under ``prefixes`` (a deleted topic's)."""
+        with self._lock:
+            for path in [p for p in self._maps if p.startswith(tuple(prefixes))]:
+                del self._maps[path]
 
     def pinned(self) -> list[str]:
         """Paths of the cached mappings (each pins its file)."""
@@ -324,7 +331,15 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
                     f"{c.base + c.records - 1} are in {c.path}, which is missing") from None
             # The segment moved (or was deleted) since planning: plan the rest again, once.
             from .store import Store
-            topic = Store.open(plan.root).topic(plan.topic)
+            try:
+                topic = Store.open(plan.root).topic(plan.topic)
+            except TopicNotFound:
+                topic = None
+            if topic is None or (plan.topic_id and topic.id != plan.topic_id):
+                raise TopicDeleted(
+                    f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
+                    f"{plan.end - 1} cannot be read, the topic was deleted"
+                    + (" and created again" if topic is not None else "")) from None
             rest = topic.plan_read(plan.partition, max(at_offset, plan.chunks[i].base),
                                    plan.end)
             yield from execute(rest, verify, replan=False)

@@ -29,6 +29,9 @@ class ChunkRef:
     # commit is refused once the tier was relocated since (None: written by a release that
     # did not record it; refused on a tier ever relocated).
     relocation: int | None = None
+    # The incarnation of the topic the chunk was written to: a commit into a topic deleted
+    # and created again since is refused ("" or None: not recorded).
+    topic_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -161,6 +161,7 @@ class TopicState:
     config: dict[str, Any] = field(default_factory=dict)
     created_ts: int = 0
     last_ts: int = 0
+    topic_id: str = ""  # the incarnation (CreateEntry.id); "" for topics made without ids
     next_offset: list[int] = field(default_factory=list)
     start_offset: list[int] = field(default_factory=list)
     segments: dict[str, SegmentState] = field(default_factory=dict)
@@ -185,6 +186,7 @@ class TopicState:
             self.schema = schema_from_text(entry.schema)
             self.config = dict(entry.config)
             self.created_ts = entry.ts
+            self.topic_id = entry.id
             self._grow(entry.partitions)
         elif isinstance(entry, AppendEntry):
             self._apply_append(entry)
@@ -275,6 +277,7 @@ class TopicState:
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "partitions": self.partitions, "config": self.config,
             "created_ts": self.created_ts, "last_ts": self.last_ts,
+            "topic_id": self.topic_id,
             "next_offset": self.next_offset, "start_offset": self.start_offset,
             "segments": [asdict(s) for s in self.segments.values()],
             "writers": self.writers, "positions": self.positions,
@@ -297,6 +300,7 @@ class TopicState:
             st.partitions = meta["partitions"]
             st.config = meta["config"]
             st.created_ts, st.last_ts = meta["created_ts"], meta["last_ts"]
+            st.topic_id = str(meta.get("topic_id", ""))
             st.next_offset, st.start_offset = meta["next_offset"], meta["start_offset"]
             st.segments = {}
             for s in meta["segments"]:

@@ -49,7 +49,14 @@ from .config import (
     tier_key,
 )
 from .entries import CreateEntry, schema_to_text
-from .errors import ConfigError, PafkaError, StoreFull, TopicExists, TopicNotFound
+from .errors import (
+    ConfigError,
+    PafkaError,
+    StoreFull,
+    TopicDeleted,
+    TopicExists,
+    TopicNotFound,
+)
 from .garbage import collect_garbage
 from .layout import (
     STORE_FILE,
@@ -206,7 +213,8 @@ class Store:
         makedirs_durable(ldir)
         makedirs_durable(partitions_dir(self.root, name))
         entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
-                            {k: jsonable(v) for k, v in topic_conf.items()})
+                            {k: jsonable(v) for k, v in topic_conf.items()},
+                            uuid.uuid4().hex)
         if not CommitLog(ldir, name).publish(0, entry):
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
         log.info("created topic %s with %d partitions", name, partitions)
@@ -218,15 +226,48 @@ class Store:
         with self._lock:
             t = self._topics.get(name)
             if t is not None:
-                return t.refresh()
+                try:
+                    return t.refresh()
+                except TopicDeleted:
+                    # Deleted (and perhaps created again) since: a handle on what is there now.
+                    self._topics.pop(name, None)
             if not is_topic(self.root, name):
                 known = self.topics()
                 raise TopicNotFound(f"topic {name!r} does not exist in {self.root}; topics: "
                                     f"{', '.join(known) if known else '(none)'}")
-            state = CommitLog(log_dir(self.root, name), name).load()
-            t = Topic(self, name, state)
+            clog = CommitLog(log_dir(self.root, name), name)
+            t = Topic(self, name, clog.load(), clog)
             self._topics[name] = t
             return t
+
+    def delete_topic(self, name: str) -> int:
+        """Delete topic ``name``: its files on every tier are reclaimed (once no reader pins
+        them), and a topic created under its name later is a new incarnation with another
+        id. Returns how many of its files readers still pin (reclaimed by the migration
+        service's next run). See :mod:`tier_store.deletion`."""
+        from .deletion import delete_topic
+        return delete_topic(self, name)
+
+    def reclaim_deleted(self) -> int:
+        """Reclaim what deleted topics left that no reader pins any more; returns how many
+        files are still pinned."""
+        from .deletion import reclaim_deleted
+        return reclaim_deleted(self)
+
+    def forget_topic(self, name: str) -> None:
+        """Close this handle's cached handle on topic ``name`` and its cached lock files (the
+        topic is being deleted)."""
+        with self._lock:
+            t = self._topics.pop(name, None)
+        if t is not None:
+            try:
+                t.close()
+            except OSError as e:
+                log.warning("topic %s: closing its writers failed: %s", name, e)
+        prefix = partitions_dir(self.root, name) + os.sep
+        with _locks_guard:
+            for path in [p for p in _lock_fds if p.startswith(prefix)]:
+                os.close(_lock_fds.pop(path))
 
     def topics(self) -> list[str]:
         """Names of the topics in the store, sorted."""
@@ -349,6 +390,10 @@ class Store:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
             except BlockingIOError:
+                yield False
+                return
+            fd = _current_lock(path, fd, blocking)
+            if fd < 0:
                 yield False
                 return
             try:
@@ -483,6 +528,28 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _current_lock(path: str, fd: int, blocking: bool) -> int:
+    """``fd`` (locked) if it still is the file at ``path``; else (the topic was deleted and
+    perhaps created again) the lock of the file there now, taken the same way, or -1 when
+    it is busy (non-blocking). Caller holds the path's thread lock."""
+    while True:
+        held = os.fstat(fd)
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            named = None
+        if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # drops the lock on the old file
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _lock_fds[path] = fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return -1
 
 
 def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]

@@ -129,10 +129,12 @@ def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
 class Topic:
     """A handle on one topic of a :class:`~tier_store.Store`."""
 
-    def __init__(self, store: Store, name: str, state: TopicState):
+    def __init__(self, store: Store, name: str, state: TopicState,
+                 commit_log: CommitLog | None = None):
         self.store = store
         self.name = name
-        self._log = CommitLog(log_dir(store.root, name), name)
+        # The log the state was loaded from: it knows the incarnation it read.
+        self._log = commit_log or CommitLog(log_dir(store.root, name), name)
         self._state = state
         self._lock = threading.RLock()
         self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
@@ -165,6 +167,12 @@ class Topic:
     @property
     def version(self) -> int:
         return self._state.version
+
+    @property
+    def id(self) -> str:
+        """This incarnation's id ("" for a topic made before topics had ids): a topic
+        deleted and created again under its name has another."""
+        return self._state.topic_id
 
     @property
     def config(self) -> dict[str, Any]:
@@ -331,7 +339,8 @@ class Topic:
                 with self._lock:
                     self._unsynced.add(p)
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
-                        written, tmin, tmax, self.store.relocation(tier.number))
+                        written, tmin, tmax, self.store.relocation(tier.number),
+                        self._state.topic_id)
 
     def _pointer_path(self, p: int) -> str:
         return os.path.join(partitions_dir(self.store.root, self.name), f"{p}.active")
@@ -570,6 +579,11 @@ class Topic:
 
     def _check_refs(self, st: TopicState, refs: list[ChunkRef]) -> None:
         for r in refs:
+            if r.topic_id and r.topic_id != st.topic_id:
+                raise CommitConflict(
+                    f"topic {self.name!r}: a chunk was written to an incarnation of the topic "
+                    f"(id {r.topic_id}) that was deleted; the topic is now id "
+                    f"{st.topic_id or '(none)'}: write the batch again")
             sid = segment_id(r.partition, r.seq)
             seg = st.segments.get(sid)
             gone = st.tombstone(sid, r.tier) is not None and (seg is None or seg.tier != r.tier)
@@ -681,7 +695,8 @@ class Topic:
                 if path is None:
                     path = paths[seq] = self._segment_path(p, seq, tiers[seq])
                 chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
-        return ReadPlan(self.store.root, self.name, p, start, max(start, stop), tuple(chunks))
+        return ReadPlan(self.store.root, self.name, p, start, max(start, stop), tuple(chunks),
+                        self._state.topic_id)
 
     def bytes_between(self, partition: int, start: int, end: int) -> int:
         """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
@@ -835,7 +850,7 @@ class Topic:
         return {g: {int(p): o for p, o in offs.items()} for g, offs in st.positions.items()}
 
     def close(self) -> None:
-        """Flush and release every segment writer this handle holds."""
+        """Flush and release every segment writer this handle holds, and its log."""
         self.sync()
         for _, w in self._writers.values():
             w.close()
@@ -843,6 +858,7 @@ class Topic:
         if self._flusher is not None:
             self._flusher.shutdown(wait=True)
             self._flusher = None
+        self._log.close()
 
 
 def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_s: float,

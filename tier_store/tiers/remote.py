@@ -85,6 +85,15 @@ class RemoteTier(Tier):
     def open_segment(self, path: str) -> SegmentWriter:
         raise PafkaError(f"{path}: segments on a remote tier are sealed; nothing appends there")
 
+    def delete_topic(self, topic: str) -> None:
+        """Delete every object of ``topic`` on this tier (a deleted topic's)."""
+        prefix = f"{self.path.rstrip('/')}/{topic}"
+        try:
+            if self.fs.exists(prefix):
+                self.fs.rm(prefix, recursive=True)
+        except FileNotFoundError:
+            return
+
     def release_segment(self, path: str) -> None:
         try:
             self.fs.rm(path)

@@ -1,0 +1,159 @@
+"""Topic deletion: files reclaimed on every tier once no reader pins them, and each
+incarnation of a name with its own id, so nothing of a deleted topic reaches a new one."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from migration import MigrationService
+from tier_store import CommitConflict, CorruptSegment, Store, TopicDeleted, TopicNotFound
+from tier_store.reading import MAPS
+
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+
+
+def _store(tmp_path, shm_dir, **extra):
+    return Store.open(tmp_path / "store", {
+        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, **extra})
+
+
+def _fill(s, name="t", n=30):
+    t = s.create_topic(name, SCHEMA, partitions=2)
+    for i in range(n):
+        t.append(make_batch(i * 200, 200), partition=i % 2)
+    return t
+
+
+def _pafka(*args):
+    pafka = os.path.join(os.path.dirname(PYTHON), "pafka")
+    return subprocess.run([pafka, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_maps():
+    MAPS.clear()
+    yield
+    MAPS.clear()
+
+
+def test_deleting_a_topic_reclaims_its_files_on_every_tier_and_the_pool(tmp_path, shm_dir):
+    s = _store(tmp_path, shm_dir)
+    t = _fill(s)
+    s.move_segment("t/0-0", 2)
+    s.create_topic("other", SCHEMA).append(make_batch(0, 10))
+    pool = s.tier(1).pool_size
+    assert s.tier(1).free_pool_files() < pool - 1
+    r = _pafka("delete-topic", str(s.root), "t", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["topic"] == "t" and report["records"] == 6000 and report["pinned_files"] == 0
+    assert report["id"] == t.id != ""
+    s2 = Store.open(s.root)
+    assert s2.topics() == ["other"]
+    with pytest.raises(TopicNotFound, match="topics: other"):
+        s2.topic("t")
+    # Nothing of it is left on either tier; its pool files are back in the pool.
+    for tier in s2.tiers:
+        assert not os.path.exists(os.path.join(tier.path, "t"))
+        graves = os.path.join(tier.path, "_deleted")
+        assert not os.path.isdir(graves) or not any(
+            files for _, _, files in os.walk(graves))
+    assert s2.tier(1).free_pool_files() == pool - 1  # "other" holds one
+    assert read_all(s2.topic("other"), 0) == list(range(10))
+
+
+def test_a_topic_created_again_under_its_name_is_a_new_incarnation(tmp_path, shm_dir):
+    s = _store(tmp_path, shm_dir)
+    old = _fill(s)
+    written = old.write_chunks(make_batch(10**6, 10), partition=0)  # not committed yet
+    Store.open(s.root).delete_topic("t")
+    new = Store.open(s.root).create_topic("t", SCHEMA, partitions=2)
+    assert new.id and new.id != old.id
+    new.append(make_batch(0, 5), partition=0)
+    # The old handle can neither read the new topic's log nor publish into it.
+    with pytest.raises(TopicDeleted, match="deleted and created again"):
+        old.refresh()
+    with pytest.raises(TopicDeleted):
+        old.append(make_batch(0, 1), partition=0)
+    # Chunks written to the old incarnation never become records of the new one.
+    fresh = Store.open(s.root).topic("t")
+    with pytest.raises(CommitConflict, match="deleted"):
+        fresh.commit(written)
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(5))
+    # A store handle that cached the old topic hands out the new one.
+    assert s.topic("t").id == new.id
+
+
+def test_a_plan_of_a_deleted_topic_never_reads_the_new_one(tmp_path, shm_dir):
+    from tier_store.reading import execute
+    s = _store(tmp_path, shm_dir)
+    t = _fill(s)
+    plan = t.plan_read(0, 0)
+    s.delete_topic("t")
+    again = Store.open(s.root).create_topic("t", SCHEMA, partitions=2)
+    for i in range(30):  # same name, same offsets and files, other records
+        again.append(make_batch(10**6 + i * 200, 200), partition=i % 2)
+    # Its segment files have the old paths: the checksums (verified by default) refuse them.
+    with pytest.raises(CorruptSegment, match="does not match its checksum"):
+        list(execute(plan))
+    # Files gone since the plan: it is planned again, and the new incarnation is refused.
+    s.delete_topic("t")
+    Store.open(s.root).create_topic("t", SCHEMA, partitions=2).append(make_batch(0, 1),
+                                                                      partition=1)
+    with pytest.raises(TopicDeleted, match="deleted and created again"):
+        list(execute(plan))
+
+
+READER = textwrap.dedent("""
+    import sys, time
+    from tier_store import Store
+    held = list(Store.open(sys.argv[1]).topic("t").read(0, 0))
+    print("mapped", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_files_a_reader_pins_are_reclaimed_by_the_service_once_it_lets_go(tmp_path, shm_dir):
+    s = _store(tmp_path, shm_dir)
+    _fill(s)
+    pool = s.tier(1).pool_size
+    reader = subprocess.Popen([PYTHON, "-c", READER, str(s.root)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "mapped"
+        pinned = s.delete_topic("t")
+        assert pinned > 0
+        assert s.tier(1).free_pool_files() < pool
+        os.kill(reader.pid, signal.SIGKILL)
+        reader.wait(30)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait(30)
+    MigrationService(s).run_once()
+    assert s.tier(1).free_pool_files() == pool
+    assert s.reclaim_deleted() == 0
+
+
+def test_idle_topic_retention_runs_through_pafka_migrate_once(tmp_path):
+    s = Store.open(tmp_path / "store", {"log.segment.bytes": "64k"})
+    t = s.create_topic("t", SCHEMA, partitions=1, config={"log.retention.ms": 1000})
+    for i in range(30):
+        t.append(make_batch(i * 200, 200))
+    assert len(t.segments()) > 2 and t.earliest_offsets() == {0: 0}
+    time.sleep(1.2)  # everything expires; nothing is committed from here on
+    r = _pafka("migrate", str(s.root))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"retention deleted \d+ segments", r.stdout), r.stdout
+    after = Store.open(s.root).topic("t")
+    assert after.earliest_offsets()[0] > 0
+    assert len(after.segments()) == 1  # the newest is kept (it may be the active one)
+

@@ -1,0 +1,107 @@
+"""Deleting a topic, and reclaiming what deleted topics left on the tiers.
+
+A topic is deleted in ordered, crash-safe steps (each rename is atomic):
+
+1. Each local tier's directory of the topic is renamed to ``<tier>/_deleted/<topic>.<id>``,
+   and a remote tier's objects of the topic are deleted. Until step 2 the topic still
+   exists, with its data gone: a crash here leaves a topic whose reads fail as data loss,
+   and deleting it again finishes the job.
+2. The topic's directory under the root (its commit log, pointers and locks) is renamed to
+   ``<root>/_deleted/<topic>.<id>``: from here the topic does not exist, and a topic created
+   under its name is a new incarnation, with a new id. Handles on the old one fail
+   (:class:`~tier_store.errors.TopicDeleted`), commits of chunks written to it are refused,
+   and a streaming query whose offsets name it stops with a clear error.
+3. The graves are reclaimed: files no reader pins go at once (pool files back to the pool);
+   a file still mapped by a reader is left for the next pass, which the migration service
+   runs on every run (:func:`reclaim_deleted`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError
+from .garbage import release_file
+from .layout import DELETED_DIR, fsync_dir, makedirs_durable, topic_dir
+from .reading import MAPS
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _bury(path: str, graves: str, name: str) -> None:
+    """Rename ``path`` to ``graves/name`` (a fresh name if that one is taken), durably."""
+    makedirs_durable(graves)
+    target = os.path.join(graves, name)
+    while os.path.lexists(target):
+        target = os.path.join(graves, f"{name}.{uuid.uuid4().hex[:8]}")
+    os.rename(path, target)
+    fsync_dir(os.path.dirname(path))
+    fsync_dir(graves)
+
+
+def delete_topic(store: Store, name: str) -> int:
+    """Delete topic ``name`` of ``store`` (see the module's steps); returns the number of
+    its segment files still pinned by readers, reclaimed by a later pass."""
+    topic = store.topic(name)  # TopicNotFound listing the topics
+    grave = f"{name}.{topic.id or uuid.uuid4().hex}"
+    for tier in store.tiers:
+        if not tier.local:
+            store.claim_remote(tier)
+            tier.delete_topic(name)
+            continue
+        d = os.path.join(tier.path, name)
+        if os.path.isdir(d) and not os.path.islink(d):
+            _bury(d, os.path.join(tier.path, DELETED_DIR), grave)
+    store.forget_topic(name)
+    _bury(topic_dir(store.root, name), os.path.join(store.root, DELETED_DIR), grave)
+    log.info("deleted topic %s (id %s) of the store at %s", name, topic.id or "none",
+             store.root)
+    # This process's own cached mappings of the topic pin its files: drop them.
+    MAPS.drop_under([os.path.join(t.path, name) + os.sep for t in store.tiers if t.local])
+    return reclaim_deleted(store)
+
+
+def reclaim_deleted(store: Store) -> int:
+    """Reclaim what deleted topics left: their logs, and their segment files that no reader
+    pins. Returns how many files are still pinned (left for the next pass)."""
+    graves = os.path.join(store.root, DELETED_DIR)
+    if os.path.isdir(graves):
+        for g in os.listdir(graves):
+            shutil.rmtree(os.path.join(graves, g), ignore_errors=True)
+    pinned = 0
+    for tier in store.tiers:
+        if not tier.local:
+            continue
+        tgraves = os.path.join(tier.path, DELETED_DIR)
+        if not os.path.isdir(tgraves):
+            continue
+        try:
+            store.claim_remote(tier)
+        except ConfigError:
+            continue
+        for dirpath, _dirs, files in os.walk(tgraves, topdown=False):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                if os.path.islink(path):
+                    os.unlink(path)
+                elif not release_file(tier, path, lambda _st: True) and os.path.exists(path):
+                    pinned += 1
+            if dirpath != tgraves:
+                try:
+                    os.rmdir(dirpath)
+                except OSError:
+                    pass  # files still pinned in it
+    if pinned:
+        log.info("store %s: %d files of deleted topics are still mapped by readers; they are "
+                 "reclaimed once released", store.root, pinned)
+    return pinned
+
+
+__all__ = ["delete_topic", "reclaim_deleted"]
