@@ -56,4 +56,11 @@ def start_migration(spark: Any, root: str, config: dict[str, Any] | None = None)
     return service
 
 
-__all__ = ["SPARK_CONF", "__version__", "register", "start_migration"]
+def track_groups(spark: Any) -> Any:
+    """Record each streaming query's consumer-group position as its micro-batches end (a
+    listener on the driver); see :mod:`pafka_source.groups`."""
+    from .groups import track_groups as track
+    return track(spark)
+
+
+__all__ = ["SPARK_CONF", "__version__", "register", "start_migration", "track_groups"]

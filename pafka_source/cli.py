@@ -112,22 +112,41 @@ def _open_store(root: str, config: dict[str, str] | None = None,
 # -- commands ----------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
-    s = run(seconds=args.seconds)
-    print(f"store {s['root']} (tier 1: {s['tier1']}; /dev/shm is RAM, gone at reboot)")
-    print(f"query 1 wrote {s['written']:,} clicks into topic 'clicks' "
-          f"({s['segments']} segments); offsets "
-          f"{json.dumps({str(k): v for k, v in s['latest_offsets'].items()})}")
-    print(f"query 2 read and aggregated {s['counted']:,} clicks; top pages:")
+    s = run(seconds=args.seconds, rows_per_second=args.rate,
+            say=None if args.json else (lambda line: print(line, flush=True)))
+    if args.json:
+        print(json.dumps(s, indent=1, default=str))
+    else:
+        render_demo(s)
+    ok = s["counted"] == s["written"] > 0 and s["lag"] == 0 and not s["order_violations"]
+    return 0 if ok else 1
+
+
+def render_demo(s: dict[str, Any]) -> None:
+    """The demo's end summary: the counts that must match, then what the tiers did."""
+    def check(ok: bool) -> str:
+        return "ok" if ok else "MISMATCH"
+
+    print("3. What happened")
+    print(f"  query 1 wrote {s['written']:,} clicks; query 2 counted {s['counted']:,}: "
+          f"{check(s['written'] == s['counted'] > 0)}")
+    print(f"  consumer group {s['group']!r}: committed "
+          f"{json.dumps({str(k): v for k, v in s['positions'].get(s['group'], {}).items()})}, "
+          f"lag {s['lag']:,}: {check(s['lag'] == 0)}")
+    print(f"  the migration service moved {s['moved_down']} segments down "
+          f"({_human(s['bytes_down'])}) and {s['moved_up']} up in {s['migration_runs']} runs")
+    for b, a in zip(s["tiers_before"], s["tiers_after"], strict=True):
+        cap = _human(a["capacity"]) if a["capacity"] else "unbounded"
+        print(f"  tier {a['tier']} {a['type']:5s} {_human(b['used']):>9s} before -> "
+              f"{_human(a['used']):>9s} after (of {cap}), {a['segments']} segments")
+    order = s["order_violations"]
+    print("  freshness: in every partition, tier 2 holds only data older than tier 1's: "
+          + (check(True) if not order else f"{check(False)} ({'; '.join(order[:3])})"))
+    print("  top pages:")
     for r in s["top"]:
-        print(f"  {r['url']:10s} {r['clicks']:>8,} clicks  {r['amount']:>12,.0f} amount  "
+        print(f"    {r['url']:10s} {r['clicks']:>8,} clicks  {r['amount']:>12,.0f} amount  "
               f"~{r['users']} users")
-    for g, offs in s["positions"].items():
-        print(f"consumer group {g}: committed {json.dumps(offs)}")
-    for t in s["tiers"]:
-        cap = _human(t["capacity"]) if t["capacity"] else "unbounded"
-        print(f"tier {t['tier']} {t['type']:5s} {t['path']}: {_human(t['used'])} used of {cap}, "
-              f"{t['segments']} segments")
-    return 0 if s["counted"] == s["written"] > 0 else 1
+    print(f"  explore it: pafka tiers {s['root']}  |  pafka groups {s['root']} clicks")
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -307,14 +326,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     assert isinstance(store, _ReportingStore)
     svc = MigrationService(store)
     low, high = svc.band()
-    if low < 0:
-        print("nothing to move: migration is disabled (storage.migrate.threshold=-1)")
-        return 0
     if args.follow:
         return _follow(store, svc)
-    moves = svc.plan()
+    # Every run applies retention to every topic and reclaims deleted topics' files, even
+    # with nothing to move or migration disabled (Kafka's log cleaner runs regardless).
+    moves = svc.plan() if low >= 0 else []
     if not moves:
-        print(f"nothing to move: every tier is within its {_band_text(low, high)}")
+        svc.run_once()
+        why = ("migration is disabled (storage.migrate.threshold=-1)" if low < 0 else
+               f"every tier is within its {_band_text(low, high)} and in freshness order")
+        moved = (f"; moved {svc.stats.segments_down} down and {svc.stats.segments_up} up"
+                 if svc.stats.segments_down or svc.stats.segments_up else "")
+        print(f"nothing to move: {why}{moved}; retention deleted "
+              f"{_plural(svc.stats.segments_deleted, 'segment')}")
         return 0
     lock = threading.Lock()
     # Binary units as in the summary line; no bar when stderr is not a terminal.
@@ -330,7 +354,34 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     skipped = (f"; {s.failed_moves} skipped (see above; pafka check {store.root} verifies "
                "the store)" if s.failed_moves else "; none skipped")
     print(f"moved {_plural(s.segments_down, 'segment')} ({_human(s.bytes_down)}) down and "
-          f"{s.segments_up} ({_human(s.bytes_up)}) up in {_plural(len(done), 'move')}{skipped}")
+          f"{s.segments_up} ({_human(s.bytes_up)}) up in {_plural(len(done), 'move')}{skipped}; "
+          f"retention deleted {_plural(s.segments_deleted, 'segment')}")
+    return 0
+
+
+def delete_topic(store: Store, name: str) -> dict[str, Any]:
+    """Delete topic ``name``; what it held and how many files readers still pin."""
+    t = store.topic(name)
+    segs = t.segments()
+    report = {"topic": name, "id": t.id, "partitions": t.partitions,
+              "records": sum(s.records for s in segs), "segments": len(segs),
+              "bytes": sum(s.bytes for s in segs)}
+    report["pinned_files"] = store.delete_topic(name)
+    return report
+
+
+def render_delete(r: dict[str, Any]) -> list[str]:
+    lines = [f"deleted topic {r['topic']} (id {r['id'] or 'none'}): {r['records']:,} records in "
+             f"{_plural(r['segments'], 'segment')} ({_human(r['bytes'])})"]
+    if r["pinned_files"]:
+        lines.append(f"{_plural(r['pinned_files'], 'file')} still mapped by readers: reclaimed "
+                     "once they let go, by the migration service's next run")
+    return lines
+
+
+def cmd_delete_topic(args: argparse.Namespace) -> int:
+    store = _open_store(args.root)
+    _emit(delete_topic(store, args.topic), args.json, render_delete)
     return 0
 
 
@@ -557,6 +608,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    """A whole number above 0 (checked before Spark starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
+    return value
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -598,7 +660,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = command("demo", "stream clicks into a topic with Spark and aggregate them with a second "
                         "query, on ./pafka-data (the only command that creates a store)")
-    d.add_argument("--seconds", type=_seconds, default=12.0, help="how long the producer runs")
+    d.add_argument("--seconds", type=_seconds, default=10.0,
+                   help="how long the producer's burst lasts (default 10)")
+    d.add_argument("--rate", type=_positive_int, default=60_000,
+                   help="clicks per second the producer writes (default 60000)")
+    d.add_argument("--json", action="store_true", help="print the demo's facts as JSON")
     d.set_defaults(func=cmd_demo)
     t = command("topics", "list the topics of a store")
     t.add_argument("root")
@@ -631,6 +697,14 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("tier", type=int, help="tier number, 1 = fastest")
         r.add_argument(arg, help=arg_help)
         r.set_defaults(func=func)
+    x = command("delete-topic", "delete a topic and reclaim its files on every tier; a topic "
+                                "created under its name later is a new one (another id)")
+    x.epilog = ("A streaming query whose checkpoint names the deleted topic fails with a clear "
+                "error rather than reading a new topic of the same name.")
+    x.add_argument("root")
+    x.add_argument("topic")
+    x.add_argument("--json", action="store_true", help="print JSON instead of text")
+    x.set_defaults(func=cmd_delete_topic)
     c = command("describe", "partitions, offsets, segments and groups of a topic")
     c.add_argument("root")
     c.add_argument("topic")

@@ -1,7 +1,14 @@
-"""The end-to-end demo: one streaming query writes a generated click stream into a topic,
-another reads it, transforms and aggregates it, on an embedded store under ./pafka-data.
+"""The end-to-end demo: a burst of clicks overflows a small fast tier while the migration
+service keeps the newest data there, and a second query reads and aggregates every click.
 
-Tier 1 is a pmem tier in a per-checkout directory under ``/dev/shm`` (RAM: gone at reboot)
+Query 1 writes a generated click stream into topic ``clicks``; query 2 reads it as it comes,
+aggregates per page and records its consumer group (:func:`pafka_source.track_groups`); the
+migration service runs beside them (:func:`pafka_source.start_migration`). Tier 1 is small
+(:data:`TIER1_SIZE`), so the burst overflows its threshold and the oldest segments move down
+to tier 2; once the producer stops, the service settles with the newest segments of every
+partition on tier 1. :func:`run` returns the facts the end summary shows.
+
+Tier 1 is a pmem tier in a per-directory folder under ``/dev/shm`` (RAM: gone at reboot)
 when it exists, tier 2 a disk tier under ``./pafka-data``. The store is recreated each run,
 but only a store the demo made is ever deleted: the demo marks its store with a file
 (:data:`DEMO_MARKER`), and refuses to replace a ``./pafka-data`` that is anything else.
@@ -16,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tier_store import PafkaError
@@ -33,6 +41,12 @@ _DEMO_ENTRIES = {STORE_FILE, STORE_LOCK, TIERS_LOCK, DEMO_MARKER, "_migration.js
 # How long query 2 waits for query 1 to create its topic, and a stop for a micro-batch.
 TOPIC_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
+# Tier 1 is small on purpose: a burst of a few seconds overflows its threshold.
+TIER1_SIZE = "24m"
+SEGMENT_SIZE = "2m"
+# After the producer stops: how long the service may take to settle, and how often it runs.
+SETTLE_TIMEOUT_S = 30.0
+MIGRATE_INTERVAL_MS = 500
 
 
 def demo_paths(cwd: str | None = None) -> tuple[str, str]:
@@ -51,8 +65,12 @@ def store_options(root: str, fast: str) -> dict[str, str]:
         "log.channel.type": "tiered",
         "storage.tiers.types": "PMEM,HDD" if pmem else "NVME,HDD",
         "storage.tiers.first.paths": fast,
-        "storage.tiers.first.sizes": "256m",
-        "log.segment.bytes": "16m",
+        "storage.tiers.first.sizes": TIER1_SIZE,
+        "log.pmem.pool.ratio": "1.0",
+        "log.segment.bytes": SEGMENT_SIZE,
+        # A partition's active segment seals once idle this long, so it can migrate too.
+        "log.segment.ms": "2000",
+        "storage.migrate.interval.ms": str(MIGRATE_INTERVAL_MS),
     }
 
 
@@ -149,8 +167,12 @@ def spark_session() -> Any:
     return spark
 
 
-def run(seconds: float = 12.0, rows_per_second: int = 50_000) -> dict[str, Any]:
-    """Run both queries and return a summary."""
+Say = Callable[[str], None]
+
+
+def run(seconds: float = 10.0, rows_per_second: int = 60_000,
+        say: Say | None = None) -> dict[str, Any]:
+    """Run the demo and return its facts; ``say`` is called with each line of its story."""
     from tier_store import Store
 
     check_run_args(seconds, rows_per_second)
@@ -164,21 +186,75 @@ def run(seconds: float = 12.0, rows_per_second: int = 50_000) -> dict[str, Any]:
         f.write("made by `pafka demo`, which deletes and recreates this store on each run\n")
     spark = spark_session()
     try:
-        return _queries(spark, root, fast, seconds, rows_per_second)
+        return _queries(spark, root, fast, seconds, rows_per_second, say or log.info)
     finally:
         spark.stop()
 
 
-def _queries(spark: Any, root: str, fast: str, seconds: float,
-             rows_per_second: int) -> dict[str, Any]:
+def _tiers(store: Any) -> list[dict[str, Any]]:
+    return [{k: u[k] for k in ("tier", "type", "path", "capacity", "used", "segments",
+                               "pool_files", "pool_free") if k in u}
+            for u in store.tier_usage()]
+
+
+def _fill(u: dict[str, Any]) -> str:
+    """How full a tier is as the migration sees it: a PMEM tier's pool files in use (a
+    segment takes a whole file), else bytes of its capacity."""
+    if "pool_files" in u:
+        taken = u["pool_files"] - u["pool_free"]
+        return f"{taken:>2}/{u['pool_files']} files"
+    return f"{u['used'] / max(1, u['capacity']):>8.0%}"
+
+
+def _lag(topic: Any, group: str) -> int:
+    done = topic.positions().get(group, {})
+    return sum(max(0, o - done.get(p, 0)) for p, o in topic.latest_offsets().items())
+
+
+def freshness_violations(topic: Any) -> list[str]:
+    """Sealed segments on a slower tier holding offsets above a sealed one on a faster tier
+    of the same partition (the order the migration keeps); empty when it holds."""
+    out = []
+    segs = [s for s in topic.segments() if s.sealed]
+    for p in range(topic.partitions):
+        mine = [s for s in segs if s.partition == p]
+        for slow in mine:
+            for fast in mine:
+                if slow.tier > fast.tier and slow.base_offset > fast.base_offset:
+                    out.append(f"partition {p}: {slow.id} on tier {slow.tier} is newer than "
+                               f"{fast.id} on tier {fast.tier}")
+    return out
+
+
+def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: int,
+             say: Say) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from tier_store import Store
 
-    ckpt = os.path.join(root, "_checkpoints")
+    from . import start_migration, track_groups
 
-    # Query 1: a generated click stream into topic "clicks", partitioned by user.
-    clicks = (spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
+    ckpt = os.path.join(root, "_checkpoints")
+    store = Store.open(root)
+    before = _tiers(store)
+    t1 = store.tier(1)
+    say(f"The store lives in {root}, with no broker to run.")
+    say(f"  tier 1  {t1.type:5s} {_size(t1.capacity)} in {t1.path}: fast and small "
+        "(RAM stands in for PMem here)")
+    say(f"  tier 2  {store.tier(2).type:5s} unbounded, in {store.tier(2).path}: big and slow")
+    threshold = store.config["storage.migrate.threshold"]
+    pool = (f" ({t1.pool_size} pool files of {_size(t1.segment_bytes)}; a segment takes "
+            "a whole file)" if t1.free_pool_files() is not None else "")
+    say(f"The migration service keeps tier 1 at most {threshold:.0%} full{pool} with the "
+        "newest segments, and runs beside the queries.")
+    service = start_migration(spark, root)
+    track_groups(spark)
+
+    # Query 1: a generated click stream into topic "clicks", partitioned by user: a fixed
+    # number of clicks per one-second trigger (a "rate" source would catch up on the time
+    # Spark took to start with one huge first batch).
+    clicks = (spark.readStream.format("rate-micro-batch")
+              .option("rowsPerBatch", rows_per_second).load()
               .select((F.col("value") % 1000).alias("user"),
                       F.concat(F.lit("/page/"), (F.col("value") % 37).cast("string")).alias("url"),
                       F.col("timestamp").alias("ts"),
@@ -188,10 +264,11 @@ def _queries(spark: Any, root: str, fast: str, seconds: float,
                 .option("checkpointLocation", os.path.join(ckpt, "producer"))
                 .trigger(processingTime="1 second").start(root))
 
-    # Query 2: read the topic back, transform and aggregate per page.
+    # Query 2: read the topic as it comes, transform and aggregate per page.
     wait_for_topic(root, "clicks", producer)
+    group = "per-page"
     per_page = (spark.readStream.format("pafka").option("topic", "clicks")
-                .option("startingOffsets", "earliest").option("consumerGroup", "per-page")
+                .option("startingOffsets", "earliest").option("consumerGroup", group)
                 .load(root)
                 .where(F.col("amount") >= 0)
                 .groupBy("url").agg(F.count("*").alias("clicks"),
@@ -199,10 +276,32 @@ def _queries(spark: Any, root: str, fast: str, seconds: float,
                                     F.approx_count_distinct("user").alias("users")))
     consumer = (per_page.writeStream.format("memory").queryName("per_page")
                 .outputMode("complete").trigger(processingTime="1 second").start())
-    time.sleep(seconds)
+    topic = store.topic("clicks")
+
+    def line(label: str) -> None:
+        topic.refresh()
+        u = {x["tier"]: x for x in _tiers(store)}
+        say(f"  {label:>6s}  {sum(topic.latest_offsets().values()):>10,}  "
+            f"{_size(u[1]['used']):>9s} {_fill(u[1])}  "
+            f"{_size(u[2]['used']):>9s}  {service.stats.segments_down:>4} down "
+            f"{service.stats.segments_up:>3} up  {_lag(topic, group):>9,}")
+
+    say(f"1. A burst: query 1 writes {rows_per_second:,} clicks/s for {seconds:g} s into "
+        "topic 'clicks' (4 partitions, by user); query 2 reads them as they come.")
+    say("      time     written            tier 1        tier 2     migrated        lag")
+    while not sum(topic.refresh().latest_offsets().values()):  # Spark's first batch
+        if not producer.isActive:
+            raise PafkaError(f"query 1 stopped before writing: {producer.exception()}")
+        time.sleep(0.1)
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        time.sleep(min(2.0, max(0.0, seconds - (time.monotonic() - start))))
+        line(f"{time.monotonic() - start:.0f} s")
     _stop_between_batches(producer)
-    topic = Store.open(root).topic("clicks")
-    written = sum(topic.latest_offsets().values())
+    written = sum(topic.refresh().latest_offsets().values())
+
+    say("2. The producer stops. Query 2 catches up; idle segments seal, and the service "
+        "settles the tiers.")
     deadline = time.time() + 120
     counted = 0
     while time.time() < deadline:
@@ -212,12 +311,56 @@ def _queries(spark: Any, root: str, fast: str, seconds: float,
             break
         time.sleep(0.5)
     consumer.stop()
+    settled = _settle(service, topic, say)
+    line("after")
     top = spark.sql("select url, clicks, amount, users from per_page order by clicks desc, url "
                     "limit 5").collect()
-    store = Store.open(root)
+    service.stop()
+    topic.refresh()
+    lag_deadline = time.monotonic() + 10  # the listener records the last batch asynchronously
+    while _lag(topic, group) and time.monotonic() < lag_deadline:
+        time.sleep(0.2)
+    after = _tiers(store)
+    segs = topic.segments()
     return {
         "root": root, "tier1": fast, "written": written, "counted": counted,
-        "latest_offsets": topic.latest_offsets(), "positions": topic.positions(),
-        "top": [r.asDict() for r in top], "tiers": store.tier_usage(),
-        "segments": len(topic.segments()),
+        "group": group, "lag": _lag(topic, group), "positions": topic.positions(),
+        "latest_offsets": topic.latest_offsets(),
+        "moved_down": service.stats.segments_down, "moved_up": service.stats.segments_up,
+        "bytes_down": service.stats.bytes_down, "bytes_up": service.stats.bytes_up,
+        "migration_runs": service.stats.runs, "settled": settled,
+        "order_violations": freshness_violations(topic),
+        "segments": {n: sum(1 for s in segs if s.tier == n) for n in (1, 2)},
+        "tiers_before": before, "tiers_after": after,
+        "top": [r.asDict() for r in top],
     }
+
+
+def _settle(service: Any, topic: Any, say: Say) -> bool:
+    """Wait until the service has run twice in a row with nothing to move (or time out)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+
+    def counts() -> tuple[int, int, int]:
+        s = service.stats
+        return s.segments_down, s.segments_up, s.failed_moves
+
+    last = counts()
+    quiet_since = service.stats.runs
+    while time.monotonic() < deadline:
+        time.sleep(MIGRATE_INTERVAL_MS / 1000)
+        now = counts()
+        sealed = all(s.sealed for s in topic.refresh().segments())
+        if now != last or not sealed:
+            last, quiet_since = now, service.stats.runs
+        elif service.stats.runs - quiet_since >= 2:
+            return True
+    say(f"  (the service had not settled after {SETTLE_TIMEOUT_S:g} s)")
+    return False
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

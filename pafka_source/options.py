@@ -184,13 +184,30 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {str(k).lower(): v for k, v in options.items()}
 
 
+# What an option is when it is not given, for the README's tables.
+SOURCE_DEFAULTS = {
+    "topic": "one of topic, subscribe, subscribePattern",
+    "startingoffsets": "latest (streaming), earliest (batch)",
+    "endingoffsets": "latest", "failondataloss": "true", "includemetadata": "false",
+    "maxoffsetspertrigger": "no limit", "maxbytespertrigger": "no limit",
+    "minoffsetspertrigger": "none", "maxtriggerdelay": "15m", "minpartitions": "none",
+    "maxrecordsperpartition": "1000000", "consumergroup": "none (no group recorded)",
+    "verifychecksums": "true",
+}
+SINK_DEFAULTS = {
+    "key": "none (round-robin per task and chunk)", "partitions": "num.partitions",
+    "compression": "compression.type", "writerid": "the query id",
+}
+
+
 def markdown_tables() -> str:
-    """The README's tables of source and sink options."""
+    """The README's tables of source and sink options, with their defaults."""
     out = []
-    for title, table in (("Source", SOURCE_OPTIONS), ("Sink", SINK_OPTIONS)):
-        out += [f"| {title} option | meaning |", "|---|---|"]
-        out += [f"| `{NAMES.get(k, k)}` | {v.replace('|', chr(92) + '|')} |"
-                for k, v in table.items()]
+    for title, table, defaults in (("Source", SOURCE_OPTIONS, SOURCE_DEFAULTS),
+                                   ("Sink", SINK_OPTIONS, SINK_DEFAULTS)):
+        out += [f"| {title} option | default | meaning |", "|---|---|---|"]
+        out += [f"| `{NAMES.get(k, k)}` | {defaults.get(k, '-')} | "
+                f"{v.replace('|', chr(92) + '|')} |" for k, v in table.items()]
         out.append("")
     return "\n".join(out).rstrip()
 

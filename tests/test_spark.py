@@ -309,6 +309,62 @@ def test_consumer_group_records_the_committed_position(spark, tmp_path):
     assert 0 < sum(pos.values()) <= 3000
 
 
+def test_track_groups_records_the_last_batch_so_a_stopped_query_shows_no_lag(spark, tmp_path):
+    import pafka_source
+    _fill(tmp_path, "src", 3000, partitions=2)
+    listener = pafka_source.track_groups(spark)
+    assert pafka_source.track_groups(spark) is listener  # one per session
+    try:
+        _run_available_now(spark, tmp_path, "src", "dst", tmp_path / "ck",
+                           startingOffsets="earliest", consumerGroup="g1",
+                           maxOffsetsPerTrigger=1000)
+        t = Store.open(tmp_path).topic("src")
+        deadline = time.time() + 30  # listener events are delivered asynchronously
+        while t.positions().get("g1") != t.latest_offsets() and time.time() < deadline:
+            time.sleep(0.1)
+        assert t.positions()["g1"] == t.latest_offsets()
+        assert sum(t.latest_offsets().values()) == 3000
+        assert listener.tracker.recorded >= 3  # each micro-batch's end, not only the last
+        # A query without consumerGroup records nothing.
+        _run_available_now(spark, tmp_path, "src", "dst2", tmp_path / "ck2",
+                           startingOffsets="earliest")
+        assert set(Store.open(tmp_path).topic("src").positions()) == {"g1"}
+    finally:
+        spark.streams.removeListener(listener)
+        del spark._pafka_group_listener
+
+
+def test_a_query_whose_checkpoint_names_a_deleted_topic_fails_instead_of_reading_a_new_one(
+        spark, tmp_path):
+    from pyspark.errors import StreamingQueryException
+    _fill(tmp_path, "src", 3000, partitions=2)
+    ck = tmp_path / "ck"
+    _run_available_now(spark, tmp_path, "src", "dst", ck, startingOffsets="earliest")
+    Store.open(tmp_path).delete_topic("src")
+    # The same name again, with more records than the query had read.
+    _fill(tmp_path, "src", 5000, partitions=2)
+    with pytest.raises(StreamingQueryException, match="deleted and created again"):
+        q = _run_available_now(spark, tmp_path, "src", "dst", ck)
+        if q.exception() is not None:
+            raise q.exception()
+    assert _keys(spark, tmp_path, "dst") == list(range(3000))
+    # With failOnDataLoss=false the query reads the new topic from its earliest offset.
+    _run_available_now(spark, tmp_path, "src", "dst", ck, failOnDataLoss="false")
+    assert _keys(spark, tmp_path, "dst") == sorted(list(range(3000)) + list(range(5000)))
+
+
+def test_a_sink_writing_a_deleted_topics_name_starts_a_new_incarnation(spark, tmp_path):
+    df = spark.range(100).selectExpr("id as key", "id as ts", "cast(id as string) as value")
+    df.write.format("pafka").option("topic", "t").mode("append").save(str(tmp_path))
+    first = Store.open(tmp_path).topic("t").id
+    Store.open(tmp_path).delete_topic("t")
+    df.where("id < 10").write.format("pafka").option("topic", "t").mode("append") \
+        .save(str(tmp_path))
+    again = Store.open(tmp_path).topic("t")
+    assert again.id and again.id != first
+    assert _keys(spark, tmp_path, "t") == list(range(10))
+
+
 def test_a_new_query_starts_at_its_consumer_groups_committed_offsets(spark, tmp_path):
     s, t = _fill(tmp_path, "src", 3000, partitions=2)
     # A first query records group g's position as it goes.
