@@ -18,17 +18,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tier_store import PafkaError, Store
+from tier_store import PafkaError, Store, TopicNotFound
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TrackedSource:
-    """A pafka source of a query that records a consumer group."""
+    """A pafka source of a query, and the consumer group it records (None: none)."""
 
     root: str
-    group: str
+    group: str | None
     topics: tuple[str, ...]  # named topics; empty with a pattern
     pattern: str | None
 
@@ -39,12 +39,12 @@ class TrackedSource:
 
 
 def sources_of(options: list[dict[str, str]]) -> list[TrackedSource]:
-    """The sources worth tracking among a query's pafka sources' options (keys in any case)."""
+    """A query's pafka sources from their options (keys in any case)."""
     out = []
     for raw in options:
         o = {k.lower(): v for k, v in raw.items()}
-        group, root = o.get("consumergroup"), o.get("path")
-        if not group or not root:
+        group, root = o.get("consumergroup") or None, o.get("path")
+        if not root:
             continue
         named = o.get("topic") or o.get("subscribe") or ""
         topics = tuple(t.strip() for t in named.split(",") if t.strip())
@@ -89,6 +89,7 @@ class GroupTracker:
     def __init__(self, spark: Any):
         self._spark = spark
         self._sources: dict[str, list[TrackedSource]] = {}  # query id -> its sources
+        self._pafka_sources: dict[str, int] = {}  # query id -> its pafka sources
         self._stores: dict[str, Store] = {}
         self._last: dict[tuple[str, str, str], dict[int, int]] = {}
         self._lock = threading.Lock()
@@ -107,17 +108,22 @@ class GroupTracker:
             if options is None:
                 return None
             sources = self._sources[query_id] = sources_of(options)
+            self._pafka_sources[query_id] = len(options)
         return sources
 
     def on_progress(self, progress: Any) -> None:
         with self._lock:
             sources = self._known(str(progress.id))
-            if not sources:
+            if not sources or all(s.group is None for s in sources):
                 return
+            # Offsets without pafka's incarnation ids are trusted only in a query whose
+            # sources are all pafka's (a Kafka source's offsets look the same).
+            pafka_only = len(progress.sources) == self._pafka_sources.get(str(progress.id), -1)
             for sp in progress.sources:
-                self._record(sources, sp.endOffset)
+                self._record(sources, sp.endOffset, pafka_only)
 
-    def _record(self, sources: list[TrackedSource], end: str | None) -> None:
+    def _record(self, sources: list[TrackedSource], end: str | None,
+                pafka_only: bool) -> None:
         try:
             offsets = json.loads(end) if end else None
         except ValueError:
@@ -126,12 +132,15 @@ class GroupTracker:
             return
         ids = offsets.get("_ids") if isinstance(offsets.get("_ids"), dict) else {}
         for topic, parts in offsets.items():
-            if topic.startswith("_"):
-                continue  # not a topic: the incarnation ids
-            if not isinstance(parts, dict):
-                return  # not a pafka offset
-            for src in sources:
-                if not src.reads(topic):
+            if topic.startswith("_") or not isinstance(parts, dict):
+                continue  # the incarnation ids, or not a topic's offsets
+            readers = [src for src in sources if src.reads(topic)]
+            if len(readers) != 1 or (topic not in ids and not pafka_only):
+                # Which source these offsets are of is not known for sure (two pafka sources
+                # of one topic name, or another source kind beside them): record nothing.
+                continue
+            for src in readers:
+                if src.group is None:
                     continue
                 position = {int(p): int(o) for p, o in parts.items()}
                 key = (src.root, topic, src.group)
@@ -140,7 +149,10 @@ class GroupTracker:
                 store = self._stores.get(src.root)
                 if store is None:
                     store = self._stores[src.root] = Store.open(src.root)
-                handle = store.topic(topic)
+                try:
+                    handle = store.topic(topic)
+                except TopicNotFound:
+                    continue  # deleted since
                 if ids.get(topic) and handle.id != ids[topic]:
                     continue  # offsets of a topic deleted since
                 handle.set_position(src.group, position)
@@ -150,6 +162,7 @@ class GroupTracker:
     def forget(self, query_id: str) -> None:
         with self._lock:
             self._sources.pop(query_id, None)
+            self._pafka_sources.pop(query_id, None)
 
 
 def track_groups(spark: Any) -> Any:

@@ -206,10 +206,13 @@ class _Planning:
                 self._topics.setdefault(t.name, t)
         return dict(sorted(self._topics.items()))
 
-    def with_ids(self, offsets: Offsets, topics: dict[str, Topic]) -> Offsets:
+    def with_ids(self, offsets: Offsets, topics: dict[str, Topic],
+                 previous: dict[str, str] | None = None) -> Offsets:
         """``offsets`` with each topic's incarnation under :data:`IDS_KEY`, so that a
-        checkpoint names the topic it read, not only its name."""
-        ids = {n: topics[n].id for n in offsets if n in topics and topics[n].id}
+        checkpoint names the topic it read, not only its name. A topic no longer there
+        keeps the id ``previous`` gave it: created again, it is then known as another."""
+        ids = {n: previous[n] for n in offsets if previous and previous.get(n)}
+        ids.update({n: topics[n].id for n in offsets if n in topics and topics[n].id})
         out: dict[str, Any] = dict(offsets)
         if ids:
             out[IDS_KEY] = dict(sorted(ids.items()))
@@ -552,7 +555,7 @@ class PafkaStreamReader(_Planning, DataSourceStreamReader, SupportsTriggerAvaila
         # Keep offsets of topics that start knows but no longer match (e.g. a deleted topic).
         for n, parts in start.items():
             latest.setdefault(n, dict(parts))
-        return self.with_ids({n: latest[n] for n in sorted(latest)}, topics)
+        return self.with_ids({n: latest[n] for n in sorted(latest)}, topics, ids)
 
     def _limit(self, begin: Offsets, latest: Offsets, topics: dict[str, Topic],
                held: Offsets) -> Offsets:

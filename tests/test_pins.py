@@ -168,3 +168,28 @@ def test_a_segment_path_that_is_a_symlink_is_refused(tmp_path, shm_dir):
     os.symlink(outside, seg0)
     with pytest.raises(CorruptSegment, match="symbolic link"):
         read_all(Store.open(s.root).topic("t"), 0)
+
+
+def test_a_long_read_follows_segments_moved_one_after_another_while_it_reads(
+        tmp_path, shm_dir):
+    from tier_store.reading import execute
+    s = _store(tmp_path, shm_dir)
+    t = s.create_topic("t", SCHEMA)
+    for i in range(9):
+        t.append(make_batch(i * 200, 200))
+        if i % 3 == 2:  # three sealed segments of 600 records, then an active one
+            seal_idle(t, 0, now_ms=t.state().last_ts + 1)
+    t.append(make_batch(1800, 200))
+    sealed = [x.id for x in t.segments() if x.sealed]
+    assert len(sealed) == 3
+    MAPS.clear()
+    reader = execute(t.plan_read(0, 0))  # planned with every segment on tier 1
+    keys = list(next(reader).batch.column("key").to_pylist())
+    # Each further segment moves (and its pool file returns to the pool) before it is read.
+    for sid in sealed[1:]:
+        _move_elsewhere(s.root, f"t/{sid}", 2)
+        Store.open(s.root).collect_garbage(Store.open(s.root).topic("t"))
+        while keys[-1] < int(sid.split("-")[1]) * 600 + 599:
+            keys += next(reader).batch.column("key").to_pylist()
+    keys += [k for b in reader for k in b.batch.column("key").to_pylist()]
+    assert keys == list(range(2000))

@@ -66,7 +66,9 @@ class CommitLog:
         self._ident: tuple[int, int] | None = None
         self._dir_fd = -1
 
-    def _check_incarnation(self) -> None:
+    def check_incarnation(self) -> None:
+        """Raise :class:`TopicDeleted` if the log's path now leads to another directory (the
+        topic was deleted, and perhaps created again) than the one this handle read."""
         try:
             st = os.stat(self.path)
             now: tuple[int, int] | None = (st.st_dev, st.st_ino)
@@ -98,17 +100,31 @@ class CommitLog:
     # -- publication ----------------------------------------------------------------------
     def publish(self, version: int, entry: Entry) -> bool:
         """Publish ``entry`` as ``version``; False if that number is already taken."""
-        self._check_incarnation()
-        tmp = write_temp(self.path, entry.encode())
+        self.check_incarnation()
+        try:
+            tmp = write_temp(self.path, entry.encode())
+        except FileNotFoundError:
+            self.check_incarnation()  # deleted meanwhile: TopicDeleted
+            raise
         crash_point("log.publish.tmp")
         try:
-            os.link(tmp, os.path.join(self.path, entry_name(version)))
+            # Linked into the directory this handle read (held open), never into a topic
+            # created under the name since.
+            if self._dir_fd >= 0:
+                os.link(tmp, entry_name(version), dst_dir_fd=self._dir_fd)
+            else:
+                os.link(tmp, os.path.join(self.path, entry_name(version)))
         except FileExistsError:
             return False
         finally:
             os.unlink(tmp)
         crash_point("log.publish.linked")
-        fsync_dir(self.path)
+        if self._dir_fd >= 0:
+            os.fsync(self._dir_fd)
+        else:
+            fsync_dir(self.path)
+        # Published into a deleted topic's directory: it is visible nowhere.
+        self.check_incarnation()
         return True
 
     # -- reading --------------------------------------------------------------------------
@@ -132,7 +148,7 @@ class CommitLog:
 
     def load(self) -> TopicState:
         """The topic's newest state: last checkpoint, then every entry after it."""
-        self._check_incarnation()
+        self.check_incarnation()
         if not os.path.isdir(self.path):
             raise TopicNotFound(f"topic {self.topic!r} has no commit log at {self.path}")
         cp = self.last_checkpoint()
@@ -154,7 +170,7 @@ class CommitLog:
 
     def refresh(self, state: TopicState) -> TopicState:
         """Apply the entries published since ``state.version``; returns the state to use."""
-        self._check_incarnation()
+        self.check_incarnation()
         while True:
             v = state.version + 1
             entry = self.read_entry(v)

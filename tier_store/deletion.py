@@ -24,9 +24,8 @@ import shutil
 import uuid
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
 from .garbage import release_file
-from .layout import DELETED_DIR, fsync_dir, makedirs_durable, topic_dir
+from .layout import DELETED_DIR, fsync_dir, is_topic, makedirs_durable, topic_dir
 from .reading import MAPS
 
 if TYPE_CHECKING:
@@ -44,6 +43,24 @@ def _bury(path: str, graves: str, name: str) -> None:
     os.rename(path, target)
     fsync_dir(os.path.dirname(path))
     fsync_dir(graves)
+
+
+def _bury_strays(store: Store, tier_dir: str, graves: str) -> None:
+    """Move to the graves a tier's directories of topics that do not exist: what a writer
+    holding a handle on a deleted topic created there after the deletion. (A topic's tier
+    directories are made by its appends, after its commit log exists.)"""
+    try:
+        names = os.listdir(tier_dir)
+    except FileNotFoundError:
+        return
+    for n in names:
+        d = os.path.join(tier_dir, n)
+        if n.startswith(("_", ".")) or not os.path.isdir(d) or os.path.islink(d) or \
+                is_topic(store.root, n):
+            continue
+        log.info("tier %s: %s belongs to no topic (left by a writer of a deleted topic); "
+                 "reclaiming it", tier_dir, n)
+        _bury(d, graves, f"{n}.stray-{uuid.uuid4().hex[:8]}")
 
 
 def delete_topic(store: Store, name: str) -> int:
@@ -80,11 +97,8 @@ def reclaim_deleted(store: Store) -> int:
         if not tier.local:
             continue
         tgraves = os.path.join(tier.path, DELETED_DIR)
+        _bury_strays(store, tier.path, tgraves)
         if not os.path.isdir(tgraves):
-            continue
-        try:
-            store.claim_remote(tier)
-        except ConfigError:
             continue
         for dirpath, _dirs, files in os.walk(tgraves, topdown=False):
             for f in files:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .chunk import ChunkDecoder, checksum
-from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
+from .errors import CorruptSegment, DataLoss, PafkaError, TopicDeleted, TopicNotFound
 from .layout import SEGMENT_SUFFIX
-from .segment import SegmentHeader
+from .segment import HEADER_FIELDS, SegmentHeader
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class _Mapped:
     dev: int
     ino: int
     buf: pa.Buffer
-    owner: tuple[str, str] | None  # (topic dir, partition) of a segment path
+    owner: tuple[str, str] | None  # (topic, partition) of a segment path
     used: float
 
 
@@ -211,13 +211,14 @@ PIN_WAIT_S = 10.0
 
 
 def _owner(path: str) -> tuple[str, str] | None:
-    """(topic directory, partition) of a segment file's path; None for other files."""
+    """(topic, partition) of a segment file's path, whatever its tier; None for other
+    files."""
     pdir, name = os.path.split(path)
     tdir, part = os.path.split(pdir)
     if not (part.isdigit() and name.endswith(SEGMENT_SUFFIX)
             and name[: -len(SEGMENT_SUFFIX)].isdigit()):
         return None
-    return tdir, part
+    return os.path.basename(tdir), part
 
 
 def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
@@ -244,8 +245,9 @@ def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
             except BlockingIOError:
                 # A move publishing its copy, or a release checking this file: brief.
                 if time.monotonic() > deadline:
-                    raise CorruptSegment(f"{path}: held exclusively for over {PIN_WAIT_S} s; "
-                                         "cannot pin it for reading") from None
+                    raise PafkaError(f"{path}: held exclusively by another process for over "
+                                     f"{PIN_WAIT_S:g} s (a move or a release that stalled); "
+                                     "cannot pin it for reading, try again") from None
                 time.sleep(0.002)
         held = os.fstat(fd)
         try:
@@ -273,10 +275,26 @@ def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
 
 
 def _check_header(fd: int, path: str, partition: int, seq: int) -> None:
-    hdr = SegmentHeader.unpack(os.pread(fd, 48, 0), path)
+    hdr = SegmentHeader.unpack(os.pread(fd, HEADER_FIELDS, 0), path)
     if (hdr.partition, hdr.seq) != (partition, seq):
         raise CorruptSegment(f"{path}: its header names segment {hdr.partition}-{hdr.seq}, "
                              f"not {partition}-{seq} as its path does")
+
+
+def _replan(plan: ReadPlan, start: int, c: PlannedChunk) -> ReadPlan:
+    """``[start, plan.end)`` of the plan's partition planned again from the log: the same
+    incarnation of the topic, or :class:`TopicDeleted`."""
+    from .store import Store
+    try:
+        topic = Store.open(plan.root).topic(plan.topic)
+    except TopicNotFound:
+        topic = None
+    if topic is None or (plan.topic_id and topic.id != plan.topic_id):
+        raise TopicDeleted(
+            f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
+            f"{plan.end - 1} cannot be read, the topic was deleted"
+            + (" and created again" if topic is not None else ""))
+    return topic.plan_read(plan.partition, start, plan.end)
 
 
 def map_file(path: str) -> pa.Buffer:
@@ -302,7 +320,20 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
 
     With ``verify`` (the default) each chunk's checksum is checked before Arrow sees its
     bytes (:class:`CorruptSegment`); ``verify=False`` trusts the bytes, and a damaged chunk
-    may then give wrong rows or crash the process."""
+    may then give wrong rows or crash the process.
+
+    A segment may move (and on a pool tier its file be reused) between planning and reading:
+    a file gone, or a chunk whose checksum does not match where the plan put it, makes the
+    rest of the plan be planned again from the log, as often as the read has moved on since
+    the last time; a file still missing then is :class:`DataLoss`, a chunk still not matching
+    :class:`CorruptSegment`."""
+    yield from _execute(plan, verify, -1 if replan else None)
+
+
+def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
+             ) -> Iterator[PlannedBatch]:
+    """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
+    None when re-planning is off."""
     at_offset = plan.start
     decoder = ChunkDecoder()
     local = {c.path for c in plan.chunks if "://" not in c.path}
@@ -314,7 +345,8 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
     # The mapping of the segment being read: its next chunks are sliced from it. It pins its
     # file, so the file is never reused while we read it.
     mapped: tuple[str, pa.Buffer] | None = None
-    for i, c in enumerate(plan.chunks):
+    for c in plan.chunks:
+        stale: str | None = None  # why the plan may no longer describe this chunk
         try:
             if mapped is not None and mapped[0] == c.path and \
                     c.pos + c.length <= mapped[1].size:
@@ -325,33 +357,28 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
                 mapped = (c.path, MAPS.whole(c.path, c.pos, c.length))
                 buf = mapped[1].slice(c.pos, c.length)
         except FileNotFoundError:
-            if not replan:
-                raise DataLoss(
-                    f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
-                    f"{c.base + c.records - 1} are in {c.path}, which is missing") from None
-            # The segment moved (or was deleted) since planning: plan the rest again, once.
-            from .store import Store
-            try:
-                topic = Store.open(plan.root).topic(plan.topic)
-            except TopicNotFound:
-                topic = None
-            if topic is None or (plan.topic_id and topic.id != plan.topic_id):
-                raise TopicDeleted(
-                    f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
-                    f"{plan.end - 1} cannot be read, the topic was deleted"
-                    + (" and created again" if topic is not None else "")) from None
-            rest = topic.plan_read(plan.partition, max(at_offset, plan.chunks[i].base),
-                                   plan.end)
-            yield from execute(rest, verify, replan=False)
+            stale = "missing"
+        else:
+            if verify and checksum(buf) != c.crc:
+                stale = "checksum"
+        if stale is not None:
+            start = max(at_offset, c.base)
+            if replanned_at is None or start <= replanned_at:
+                if stale == "missing":
+                    raise DataLoss(
+                        f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
+                        f"{c.base + c.records - 1} are in {c.path}, which is missing")
+                raise CorruptSegment(
+                    f"topic {plan.topic!r} partition {plan.partition}: chunk with offsets "
+                    f"[{c.base}, {c.base + c.records}) in {c.path} does not match its "
+                    "checksum")
+            yield from _execute(_replan(plan, start, c), verify, start)
             return
+
         def where(c: PlannedChunk = c) -> str:
             return (f"{plan.topic}/{plan.partition} offsets [{c.base}, {c.base + c.records}) "
                     f"in {c.path}")
 
-        if verify and checksum(buf) != c.crc:
-            raise CorruptSegment(f"topic {plan.topic!r} partition {plan.partition}: chunk with "
-                                 f"offsets [{c.base}, {c.base + c.records}) in {c.path} does "
-                                 "not match its checksum")
         row = c.base
         for batch in decoder.batches(buf, where):
             b0, b1 = row, row + batch.num_rows

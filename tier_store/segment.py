@@ -28,6 +28,7 @@ VERSION = 1
 HEADER_SIZE = 4096
 CHUNK_ALIGN = 64
 _FMT = struct.Struct("<8sIIQQQQ")
+HEADER_FIELDS = _FMT.size  # bytes of the header that hold its fields
 END_OFFSET = 24
 SEALED_OFFSET = 32
 WORD = struct.Struct("<Q")

@@ -231,6 +231,11 @@ class Store:
                 except TopicDeleted:
                     # Deleted (and perhaps created again) since: a handle on what is there now.
                     self._topics.pop(name, None)
+                    try:
+                        t.close()
+                    except OSError as e:
+                        log.warning("topic %s: closing a deleted topic's writers failed: %s",
+                                    name, e)
             if not is_topic(self.root, name):
                 known = self.topics()
                 raise TopicNotFound(f"topic {name!r} does not exist in {self.root}; topics: "
@@ -266,8 +271,15 @@ class Store:
                 log.warning("topic %s: closing its writers failed: %s", name, e)
         prefix = partitions_dir(self.root, name) + os.sep
         with _locks_guard:
-            for path in [p for p in _lock_fds if p.startswith(prefix)]:
-                os.close(_lock_fds.pop(path))
+            paths = [p for p in _lock_fds if p.startswith(prefix)]
+        for path in paths:
+            # Under the path's thread lock: a thread of this process may hold the flock.
+            with _locks_guard:
+                tl = _thread_locks.setdefault(path, threading.Lock())
+            with tl:
+                fd = _lock_fds.pop(path, None)
+                if fd is not None:
+                    os.close(fd)
 
     def topics(self) -> list[str]:
         """Names of the topics in the store, sorted."""
@@ -382,17 +394,7 @@ class Store:
             yield False
             return
         try:
-            fd = _lock_fds.get(path)
-            if fd is None:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-                _lock_fds[path] = fd
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            fd = _current_lock(path, fd, blocking)
+            fd = _lock_file(path, blocking)
             if fd < 0:
                 yield False
                 return
@@ -530,11 +532,22 @@ class Store:
         self.close()
 
 
-def _current_lock(path: str, fd: int, blocking: bool) -> int:
-    """``fd`` (locked) if it still is the file at ``path``; else (the topic was deleted and
-    perhaps created again) the lock of the file there now, taken the same way, or -1 when
-    it is busy (non-blocking). Caller holds the path's thread lock."""
+def _lock_file(path: str, blocking: bool) -> int:
+    """Take the ``flock`` of lock file ``path`` (opened once per process and kept): its
+    descriptor, or -1 when it is busy (non-blocking). A descriptor that no longer is the
+    file at ``path`` (its topic was deleted, and perhaps created again) is replaced, so
+    this process never locks a file other processes no longer use. Caller holds the
+    path's thread lock."""
     while True:
+        fd = _lock_fds.get(path)
+        if fd is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            _lock_fds[path] = fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return -1
         held = os.fstat(fd)
         try:
             named = os.stat(path)
@@ -542,14 +555,8 @@ def _current_lock(path: str, fd: int, blocking: bool) -> int:
             named = None
         if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
             return fd
+        del _lock_fds[path]
         os.close(fd)  # drops the lock on the old file
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        _lock_fds[path] = fd
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            return -1
 
 
 def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]

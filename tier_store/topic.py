@@ -29,12 +29,11 @@ from .chunk import EncodedChunk
 from .commit_log import CommitLog
 from .crash import crash_point
 from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, PartitionsEntry, PositionEntry
-from .errors import CommitConflict, DataLoss, PafkaError, SchemaMismatch
+from .errors import CommitConflict, DataLoss, PafkaError, SchemaMismatch, StoreFull
 from .hashing import partition_of
 from .layout import (
     fsync_dir,
     fsync_file,
-    log_dir,
     parse_segment_id,
     partitions_dir,
     segment_id,
@@ -129,12 +128,11 @@ def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
 class Topic:
     """A handle on one topic of a :class:`~tier_store.Store`."""
 
-    def __init__(self, store: Store, name: str, state: TopicState,
-                 commit_log: CommitLog | None = None):
+    def __init__(self, store: Store, name: str, state: TopicState, commit_log: CommitLog):
         self.store = store
         self.name = name
         # The log the state was loaded from: it knows the incarnation it read.
-        self._log = commit_log or CommitLog(log_dir(store.root, name), name)
+        self._log = commit_log
         self._state = state
         self._lock = threading.RLock()
         self._writers: dict[int, tuple[tuple[int, int], SegmentWriter]] = {}
@@ -311,6 +309,8 @@ class Topic:
             tmin, tmax = _time_range(chunk, ts_col)
         written = _now_ms()
         with self.store.partition_lock(self.name, p):
+            # A handle on a deleted topic must not append to what its name leads to now.
+            self._log.check_incarnation()
             seq, tier, w = self._active_writer(p, chunk.size, durable)
             hdr = w.header()
             pos = align(hdr.end)
@@ -319,7 +319,7 @@ class Topic:
             if hdr.sealed or aged or pos + chunk.size > w.capacity():
                 seq, tier, w = self._roll(p, seq, w, chunk.size, durable)
                 pos = align(w.header().end)
-            while True:
+            for attempt in range(len(self.store.tiers) + 1):
                 try:
                     crc = w.write_chunk(pos, chunk)
                     w.set_end(pos + chunk.size, durable)
@@ -327,6 +327,11 @@ class Topic:
                 except OSError as e:
                     if e.errno not in NO_SPACE:
                         raise
+                    if attempt == len(self.store.tiers):
+                        raise StoreFull(f"topic {self.name!r} partition {p}: every local tier "
+                                        f"answered {os.strerror(e.errno)} for a chunk of "
+                                        f"{chunk.size} bytes; free space or run the "
+                                        "migration service") from e
                     # The tier's filesystem is full: it counts as full until space returns,
                     # and the chunk goes to a new segment on the next local tier with room
                     # (StoreFull when none has). What was written here is a hole.
