@@ -26,6 +26,8 @@ copy is an unreferenced file that garbage collection reclaims); after it, the ne
 
 **Re-adoption.** A segment that moves back to a tier it lived on while its old file there is
 still in its grace period (demoted, promoted, demoted again) finds that file under its name.
+(On a pool tier an old file no reader pins is released at once instead, so this serves file
+and remote tiers.)
 Moves lay a segment out deterministically (:func:`_layout`: the header, then the committed
 chunks in offset order, each at the next aligned position), and a sealed segment's chunks
 never change, so when the old file is laid out exactly as the copy would be, the move adopts
