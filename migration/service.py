@@ -40,7 +40,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tier_store import CommitConflict, CorruptSegment, DataLoss, PafkaError, Store, StoreFull
+from tier_store import (
+    CommitConflict,
+    CorruptSegment,
+    DataLoss,
+    PafkaError,
+    SegmentId,
+    Store,
+    StoreFull,
+)
 from tier_store.layout import write_atomic
 from tier_store.moves import MoveResult, OldCopyInGrace, seal_idle
 from tier_store.segment import CHUNK_ALIGN, HEADER_SIZE
@@ -103,7 +111,7 @@ def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
             # A segment with chunks a writer may still commit waits: moving it would make
             # that commit fail. Its file needs at most a header and each chunk aligned.
             file_bytes = HEADER_SIZE + s.bytes + s.chunks * (CHUNK_ALIGN - 1)
-            segs.append(SegmentView(name, s.id, s.partition, int(s.id.split("-")[1]), s.tier,
+            segs.append(SegmentView(name, s.id, s.partition, SegmentId.parse(s.id).seq, s.tier,
                                     s.bytes, s.last_timestamp, s.sealed and s.settled,
                                     file_bytes))
     tiers = []

@@ -6,8 +6,7 @@ import threading
 
 import pytest
 
-from tier_store import Store
-from tier_store.recovery import check_topic
+from tier_store import Store, check_topic
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 

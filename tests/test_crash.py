@@ -8,9 +8,8 @@ import subprocess
 
 import pytest
 
-from tier_store import Store
+from tier_store import Store, check_topic
 from tier_store.crash import POINTS
-from tier_store.recovery import check_topic
 
 from .conftest import PYTHON, ROOT, make_batch
 

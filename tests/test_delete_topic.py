@@ -12,8 +12,7 @@ import time
 import pytest
 
 from migration import MigrationService
-from tier_store import CommitConflict, Store, TopicDeleted, TopicNotFound
-from tier_store.reading import MAPS
+from tier_store import MAPS, CommitConflict, Store, TopicDeleted, TopicNotFound
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
@@ -93,7 +92,7 @@ def test_a_topic_created_again_under_its_name_is_a_new_incarnation(tmp_path, shm
 
 
 def test_a_plan_of_a_deleted_topic_never_reads_the_new_one(tmp_path, shm_dir):
-    from tier_store.reading import execute
+    from tier_store import execute
     s = _store(tmp_path, shm_dir)
     t = _fill(s)
     plan = t.plan_read(0, 0)

@@ -11,12 +11,10 @@ import pytest
 
 from migration import MigrationService
 from migration.service import read_stats
-from tier_store import DataLoss, Store, relocate_tier
+from tier_store import DataLoss, Store, check_topic, relocate_tier, seal_idle
 from tier_store.commit_log import CommitLog
 from tier_store.entries import ConfigEntry
 from tier_store.layout import log_dir
-from tier_store.moves import seal_idle
-from tier_store.recovery import check_topic
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
@@ -109,7 +107,7 @@ def test_two_services_at_once_never_both_move_a_segment(tmp_path, shm_dir):
     assert len(moved) == len(set(moved))
     for p in range(2):
         assert len(read_all(Store.open(s.root).topic("t"), p)) == 16000
-    from tier_store.recovery import check_topic
+    from tier_store import check_topic
     assert check_topic(Store.open(s.root).topic("t")).ok
 
 

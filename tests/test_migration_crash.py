@@ -8,10 +8,8 @@ import textwrap
 import pytest
 
 from migration import MigrationService
-from tier_store import Store
+from tier_store import MAPS, Store, check_topic
 from tier_store.crash import MOVE_POINTS
-from tier_store.reading import MAPS
-from tier_store.recovery import check_topic
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 

@@ -8,10 +8,15 @@ import time
 
 import pytest
 
-from tier_store import CommitConflict, PafkaError, Store
-from tier_store.moves import OldCopyInGrace, seal_idle
-from tier_store.reading import execute
-from tier_store.recovery import check_topic
+from tier_store import (
+    CommitConflict,
+    OldCopyInGrace,
+    PafkaError,
+    Store,
+    check_topic,
+    execute,
+    seal_idle,
+)
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
@@ -64,7 +69,7 @@ def test_demotion_merges_adjacent_segments_and_drops_holes(tmp_path, shm_dir):
     assert merged.records == sum(x.records for x in segs)
     assert os.path.getsize(merged.path) < sum(os.path.getsize(x.path) for x in segs)
     assert read_all(t, 0) == list(range(10000))
-    from tier_store.recovery import check_topic
+    from tier_store import check_topic
     assert check_topic(Store.open(s.root).topic("t")).ok
 
 

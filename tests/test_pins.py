@@ -10,9 +10,7 @@ import time
 
 import pytest
 
-from tier_store import CorruptSegment, Store
-from tier_store.moves import seal_idle
-from tier_store.reading import MAPS
+from tier_store import MAPS, CorruptSegment, Store, seal_idle
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 
@@ -172,7 +170,7 @@ def test_a_segment_path_that_is_a_symlink_is_refused(tmp_path, shm_dir):
 
 def test_a_long_read_follows_segments_moved_one_after_another_while_it_reads(
         tmp_path, shm_dir):
-    from tier_store.reading import execute
+    from tier_store import execute
     s = _store(tmp_path, shm_dir)
     t = s.create_topic("t", SCHEMA)
     for i in range(9):

@@ -4,10 +4,9 @@ import shutil
 import signal
 import subprocess
 
-from tier_store import Store
+from tier_store import Store, check_topic
 from tier_store.commit_log import CommitLog
 from tier_store.layout import checkpoint_name, log_dir
-from tier_store.recovery import check_topic
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
 from .test_topic import _record_fsyncs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tier_store import ChunkRef, ConfigError, DataLoss, Store, relocate_tier
+from tier_store import ChunkRef, ConfigError, DataLoss, Store, TierRelocated, relocate_tier
 from tier_store.commit_log import CommitLog
 from tier_store.entries import PositionEntry
 from tier_store.layout import log_dir
@@ -382,7 +382,7 @@ def test_a_commit_during_a_relocation_waits_for_it_and_is_then_refused(tmp_path)
         try:
             writer.append(make_batch(3000, 10), partition=1)  # chunk into disk1, then commit
             outcome["ok"] = True
-        except ConfigError as e:
+        except TierRelocated as e:
             outcome["error"] = str(e)
 
     thread = threading.Thread(target=append)
@@ -427,7 +427,7 @@ def test_chunks_written_to_the_old_place_are_refused_by_any_handle(tmp_path):
         t = driver.topic("t")
         before = t.latest_offsets()
         for stale in (refs, [replace(r, relocation=None) for r in refs]):  # None: a release
-            with pytest.raises(ConfigError, match=r"tier 1 of the store .* was relocated "
+            with pytest.raises(TierRelocated, match=r"tier 1 of the store .* was relocated "
                                                   r"\(to .*disk2\) after data was written"):
                 t.commit([ChunkRef.from_dict(r.to_dict()) for r in stale])
         assert t.latest_offsets() == before
@@ -441,7 +441,7 @@ def test_chunks_written_to_the_old_place_are_refused_by_any_handle(tmp_path):
     os.unlink(tmp_path / "disk1")
     shutil.copytree(tmp_path / "disk2", tmp_path / "disk1")
     relocate_tier(tmp_path / "s", 1, str(tmp_path / "disk1"))
-    with Store.open(tmp_path / "s") as s, pytest.raises(ConfigError, match="was relocated"):
+    with Store.open(tmp_path / "s") as s, pytest.raises(TierRelocated, match="was relocated"):
         s.topic("t").commit(refs)
 
 

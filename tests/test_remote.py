@@ -7,8 +7,7 @@ import uuid
 import pytest
 
 from migration import MigrationService
-from tier_store import ConfigError, PafkaError, Store, relocate_tier
-from tier_store.recovery import check_topic
+from tier_store import ConfigError, PafkaError, Store, check_topic, relocate_tier
 
 from .conftest import SCHEMA, make_batch, read_all
 from .test_topic import _record_fsyncs

@@ -7,8 +7,7 @@ import subprocess
 
 from pafka_source.options import SinkOptions
 from pafka_source.writer import PafkaBatchWriter, _ChunkWriting, chunk_target
-from tier_store import Store
-from tier_store.recovery import check_topic
+from tier_store import Store, check_topic
 from tier_store.segment import HEADER_SIZE
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all

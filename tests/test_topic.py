@@ -13,9 +13,9 @@ from tier_store import (
     Store,
     TopicExists,
     TopicNotFound,
+    check_topic,
 )
 from tier_store.layout import log_dir
-from tier_store.recovery import check_topic
 
 from .conftest import SCHEMA, make_batch, read_all
 
@@ -62,7 +62,7 @@ def test_read_yields_arrow_batches_that_share_the_mapped_memory(file_store):
     # Zero copy: the value buffer lives inside the segment's mapping, not in a fresh allocation.
     seg = t.segments()[0]
     addr = batches[0].column(0).buffers()[1].address
-    from tier_store.reading import MAPS
+    from tier_store import MAPS
     mapped = MAPS._maps[seg.path].buf
     assert mapped.address <= addr < mapped.address + mapped.size
 

@@ -9,44 +9,87 @@
 
 from __future__ import annotations
 
+from .config import KEYS as CONFIG_KEYS
+from .config import ConfigKey, StoreConfig, key_for, load_config, parse_config, parse_size, tier_key
 from .errors import (
     CommitConflict,
     ConfigError,
+    CorruptLog,
     CorruptSegment,
+    CorruptState,
     DataLoss,
+    InvalidArgument,
     PafkaError,
     PmemUnavailable,
     SchemaMismatch,
+    SegmentNotMovable,
     StoreFull,
+    TierRelocated,
     TopicDeleted,
     TopicExists,
     TopicNotFound,
 )
+from .hashing import hash_keys, partition_of
+from .ids import SegmentId
+from .layout import STORE_FILE, check_topic_name
+from .moves import MoveResult, OldCopyInGrace, seal_idle
+from .reading import MAPS, PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
+from .recovery import CheckReport, check_topic
 from .relocate import Relocation, relocate_tier
 from .store import Store
-from .topic import Topic
+from .topic import Topic, as_table, conform, loose_type
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONFIG_KEYS",
+    "MAPS",
+    "STORE_FILE",
     "AppendResult",
+    "CheckReport",
     "ChunkRef",
     "CommitConflict",
     "ConfigError",
+    "ConfigKey",
+    "CorruptLog",
     "CorruptSegment",
+    "CorruptState",
     "DataLoss",
+    "InvalidArgument",
+    "MoveResult",
+    "OldCopyInGrace",
     "PafkaError",
+    "PlannedChunk",
     "PmemUnavailable",
+    "ReadPlan",
     "Relocation",
     "SchemaMismatch",
+    "SegmentId",
     "SegmentInfo",
+    "SegmentNotMovable",
     "Store",
+    "StoreConfig",
     "StoreFull",
+    "TierRelocated",
     "Topic",
     "TopicDeleted",
     "TopicExists",
     "TopicNotFound",
     "__version__",
+    "as_table",
+    "check_topic",
+    "check_topic_name",
+    "conform",
+    "execute",
+    "hash_keys",
+    "key_for",
+    "load_config",
+    "loose_type",
+    "parse_config",
+    "parse_size",
+    "partition_of",
     "relocate_tier",
+    "seal_idle",
+    "tier_key",
 ]

@@ -26,6 +26,7 @@ from .layout import (
     TIER_OWNER,
     TMP_PREFIX,
     fsync_dir,
+    is_url,
     write_atomic,
     write_temp,
 )
@@ -134,7 +135,7 @@ class RemoteClaim:
 
 def claim_of(number: int, path: str) -> Claim:
     """The claim of tier ``number`` at ``path`` (a local directory or an fsspec URL)."""
-    if "://" not in path:
+    if not is_url(path):
         return LocalClaim(number, path)
     from .tiers.remote import filesystem
     fs, base = filesystem(path)
@@ -238,7 +239,7 @@ def _owner_is_gone(claim: Claim, owner: Owner, root: str, number: int) -> bool:
 
 
 def _relocate_hint(root: str, number: int, claim: Claim) -> str:
-    place = "URL" if "://" in claim.where else "DIR"
+    place = "URL" if is_url(claim.where) else "DIR"
     return f"`pafka relocate {root} {number} {place}`"
 
 
@@ -326,7 +327,7 @@ def outside_root(root: str, specs: list[TierSpec]) -> list[TierSpec]:
     in the root to a PMem mount is copied by ``cp -r`` as a symlink)."""
     real_root = os.path.realpath(root)
     return [s for s in specs
-            if "://" not in s.path and not inside(real_root, os.path.realpath(s.path))]
+            if not is_url(s.path) and not inside(real_root, os.path.realpath(s.path))]
 
 
 def check_apart(root: str, store_id: str | None, specs: list[TierSpec]) -> None:

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from .crash import crash_point
 from .entries import Entry, decode
-from .errors import CorruptSegment, TopicDeleted, TopicNotFound
+from .errors import CorruptLog, TopicDeleted, TopicNotFound
 from .layout import (
     CHECKPOINT_LOCK,
     CHECKPOINT_SUFFIX,
@@ -216,7 +216,7 @@ class CommitLog:
         except FileNotFoundError:
             return None
         except (pa.ArrowInvalid, OSError) as e:
-            raise CorruptSegment(f"checkpoint {path} is unreadable: {e}") from None
+            raise CorruptLog(f"checkpoint {path} is unreadable: {e}") from None
         return TopicState.from_checkpoint(table, path)
 
     # -- checkpoints and cleanup ----------------------------------------------------------

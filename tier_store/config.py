@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .layout import is_url
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -428,7 +429,7 @@ class StoreConfig:
                 if not self[f"storage.tiers.{n}.paths"]:
                     raise ConfigError(f"storage.tiers.{n}.paths must name the REMOTE tier's "
                                       "fsspec URL, e.g. s3://bucket/pafka")
-            elif "://" not in path:
+            elif not is_url(path):
                 path = os.path.abspath(path)
             specs.append(TierSpec(n, t, path, int(size)))
         # A key naming a tier the layout does not have would be silently ignored: say so.

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from .errors import CorruptSegment
+from .errors import CorruptLog
 
 
 def schema_to_text(schema: pa.Schema) -> str:
@@ -125,4 +125,4 @@ def decode(data: bytes, where: str) -> Entry:
                 body[name] = tuple(body[name])
         return cls(**body)
     except (ValueError, KeyError, TypeError) as e:
-        raise CorruptSegment(f"commit-log entry {where} is malformed: {e!r}") from None
+        raise CorruptLog(f"commit-log entry {where} is malformed: {e!r}") from None

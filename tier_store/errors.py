@@ -7,6 +7,11 @@ class PafkaError(Exception):
     """Base of every error the store raises on purpose."""
 
 
+class InvalidArgument(PafkaError, ValueError):
+    """An argument of a call is of the wrong type or out of range; the message names it and
+    what is allowed."""
+
+
 class ConfigError(PafkaError, ValueError):
     """A configuration key or value is unknown, out of range, or conflicts with the saved one."""
 
@@ -32,6 +37,16 @@ class CommitConflict(PafkaError):
     """A commit lost a race that it cannot retry (its chunks were moved, merged or deleted)."""
 
 
+class SegmentNotMovable(PafkaError):
+    """A move or merge was asked for segments that cannot take part: unknown, active, of
+    several partitions, not adjacent, or a target that cannot hold them."""
+
+
+class TierRelocated(PafkaError):
+    """Data was written to a tier's old place, and the store has relocated the tier since:
+    that data stays invisible; open the store again and write again."""
+
+
 class StoreFull(PafkaError):
     """No tier has room for a new segment."""
 
@@ -41,7 +56,18 @@ class DataLoss(PafkaError):
 
 
 class CorruptSegment(PafkaError):
-    """A chunk's bytes do not match the checksum recorded when it was written."""
+    """A chunk's bytes do not match the checksum recorded when it was written, or a segment
+    file's header does not name the segment."""
+
+
+class CorruptLog(PafkaError):
+    """A commit-log entry or checkpoint is malformed, or the log's versions do not follow
+    one another: the file is named."""
+
+
+class CorruptState(PafkaError):
+    """A file of the store's own state (``_store.json``, a tier claim, ``_migration.json``)
+    is malformed: the file is named."""
 
 
 class PmemUnavailable(PafkaError, OSError):

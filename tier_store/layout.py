@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterator
 
 from .errors import PafkaError
+from .ids import SegmentId
 
 STORE_FILE = "_store.json"
 STORE_LOCK = "_store.lock"
@@ -59,7 +60,6 @@ POOL_SUFFIX = ".pool"
 TMP_PREFIX = ".tmp-"
 
 _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_SEGMENT_ID_RE = re.compile(r"^(\d+)-(\d+)$")
 
 
 def check_topic_name(name: object) -> str:
@@ -92,16 +92,21 @@ def parse_log_name(name: str) -> tuple[int, str] | None:
     return None
 
 
+def is_url(path: str) -> bool:
+    """Whether a tier path or store root is a filesystem URL (``s3://...``, ``file://...``)
+    rather than a local directory."""
+    return "://" in path
+
+
 def segment_id(partition: int, seq: int) -> str:
-    """A segment's id within its topic: ``<partition>-<seq>``."""
-    return f"{partition}-{seq}"
+    """A segment's id within its topic, as text (see :class:`~tier_store.ids.SegmentId`)."""
+    return str(SegmentId(partition, seq))
 
 
 def parse_segment_id(sid: str) -> tuple[int, int]:
-    m = _SEGMENT_ID_RE.match(sid)
-    if not m:
-        raise PafkaError(f"invalid segment id {sid!r}: expected <partition>-<sequence>")
-    return int(m.group(1)), int(m.group(2))
+    """(partition, seq) of a segment id's text; :class:`InvalidArgument` if malformed."""
+    parsed = SegmentId.parse(sid)
+    return parsed.partition, parsed.seq
 
 
 def segment_relpath(topic: str, partition: int, seq: int) -> str:

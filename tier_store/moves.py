@@ -70,7 +70,7 @@ from .layout import REMOTE_LOCK, TMP_PREFIX, fsync_dir, makedirs_durable, segmen
 from .reading import MAPS, read_range
 from .segment import HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader, align
 from .state import NO_TIME, SegmentState, TopicState
-from .tiers import PmemTier, Tier
+from .tiers import Tier
 from .tiers.pmem import PmemSegmentWriter
 from .topic import is_settled
 
@@ -325,7 +325,7 @@ def _size_differs(target: Tier, size: int, end: int) -> bool:
     """Whether a file of ``size`` bytes whose layout ends at ``end`` is not what a copy on
     ``target`` would be: a pool file is the pool's size; a file tier's file ends at ``end``,
     or in the block holding it (a direct write's padding); a remote object ends at it."""
-    if isinstance(target, PmemTier):
+    if target.has_pool:
         return size != target.segment_bytes
     if target.local:
         return not end <= size <= -(-end // BLOCK) * BLOCK
@@ -576,7 +576,7 @@ def _touch(topic: Topic, tmp: str) -> None:
 
 
 def _discard(tier: Tier, path: str) -> None:
-    if isinstance(tier, PmemTier):
+    if tier.has_pool:
         tier.release_segment(path)
     else:
         try:
@@ -603,7 +603,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
     touch_every = min(1.0, topic._setting("log.cleanup.grace.ms") / 4000.0)
     writer: PmemSegmentWriter | None = None
     fd = -1
-    if isinstance(target, PmemTier):
+    if target.has_pool:
         if need > target.segment_bytes:
             raise StoreFull(f"merged segment of {need} bytes does not fit a pool file of "
                             f"{target.segment_bytes} bytes on tier {target.number}")

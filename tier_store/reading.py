@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from .chunk import ChunkDecoder, checksum
 from .errors import CorruptSegment, DataLoss, PafkaError, TopicDeleted, TopicNotFound
-from .layout import SEGMENT_SUFFIX
+from .layout import SEGMENT_SUFFIX, is_url
 from .segment import HEADER_FIELDS, SegmentHeader
 
 
@@ -308,7 +308,7 @@ def map_file(path: str) -> pa.Buffer:
 def read_range(path: str, pos: int, length: int) -> pa.Buffer:
     """A chunk's bytes: a slice of a memory map on a local tier, a ranged read on a remote
     one (an fsspec URL). Raises FileNotFoundError when the file is gone."""
-    if "://" in path:
+    if is_url(path):
         from .tiers.remote import read_range as remote_range
         return remote_range(path, pos, length)
     return MAPS.slice(path, pos, length)
@@ -336,7 +336,7 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
     None when re-planning is off."""
     at_offset = plan.start
     decoder = ChunkDecoder()
-    local = {c.path for c in plan.chunks if "://" not in c.path}
+    local = {c.path for c in plan.chunks if not is_url(c.path)}
     owners = {o for o in map(_owner, local) if o is not None}
     if owners:
         # This partition's segments the plan no longer names (moved, merged, deleted) are
@@ -351,7 +351,7 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
             if mapped is not None and mapped[0] == c.path and \
                     c.pos + c.length <= mapped[1].size:
                 buf = mapped[1].slice(c.pos, c.length)
-            elif "://" in c.path:
+            elif is_url(c.path):
                 buf = read_range(c.path, c.pos, c.length)
             else:
                 mapped = (c.path, MAPS.whole(c.path, c.pos, c.length))

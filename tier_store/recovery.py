@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .chunk import checksum
-from .errors import CorruptSegment
+from .errors import CorruptLog, CorruptSegment
 from .reading import read_range
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def check_topic(topic: Topic, verify: bool = True,
     report = CheckReport(topic.name)
     try:
         st = topic.state()
-    except CorruptSegment as e:
+    except (CorruptSegment, CorruptLog) as e:
         report.problems.append(str(e))
         return report
     report.version = st.version

@@ -38,6 +38,7 @@ from .layout import (
     TIERS_LOCK,
     file_lock,
     is_topic,
+    is_url,
     log_dir,
     topic_names,
     write_atomic,
@@ -99,7 +100,7 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
         if not new:
             raise ConfigError(f"{key}: the new path of tier {number} is empty")
         remote = spec.type == "REMOTE"
-        if remote != ("://" in new):
+        if remote != is_url(new):
             raise ConfigError(f"{new}: tier {number} is {spec.type}, so its path is "
                               f"{'an fsspec URL' if remote else 'a local directory'}")
         if remote:
@@ -250,7 +251,7 @@ def _take(root: str, store_id: str | None, number: int, new: str) -> None:
     a tier in the root carries no claim (one copied along is dropped). A claim from another
     host is taken over: the operator names the place, and it holds this store's segments."""
     claim = claim_of(number, new)
-    if isinstance(claim, LocalClaim) and "://" not in new and \
+    if isinstance(claim, LocalClaim) and not is_url(new) and \
             inside(os.path.realpath(root), os.path.realpath(new)):
         claim.remove()
         return
@@ -272,9 +273,9 @@ def _take(root: str, store_id: str | None, number: int, new: str) -> None:
 
 
 def _same_place(a: str, b: str) -> bool:
-    if ("://" in a) != ("://" in b):
+    if is_url(a) != is_url(b):
         return False
-    if "://" in a:
+    if is_url(a):
         return a.rstrip("/") == b.rstrip("/")
     return os.path.exists(a) and os.path.realpath(a) == os.path.realpath(b)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from .config import tier_key
 from .errors import ConfigError
-from .layout import STORE_FILE
+from .layout import STORE_FILE, is_url
 
 FORMAT = 1
 
@@ -31,9 +31,9 @@ def tier_overlap(a: str, b: str) -> str | None:
     """How two tier places overlap: "same", "nested" (one directory holds the other), or
     None. URLs compare as written (trailing slashes aside); directories by their real
     paths, symlinks resolved."""
-    if ("://" in a) != ("://" in b):
+    if is_url(a) != is_url(b):
         return None
-    if "://" in a:
+    if is_url(a):
         return "same" if a.rstrip("/") == b.rstrip("/") else None
     ra, rb = os.path.realpath(a), os.path.realpath(b)
     if ra == rb:
@@ -48,7 +48,7 @@ def _is_path_key(key: str) -> bool:
 
 def resolve_path(base: str, key: str, value: Any) -> Any:
     """A local tier path made absolute against ``base``; any other value as it is."""
-    if _is_path_key(key) and isinstance(value, str) and value and "://" not in value:
+    if _is_path_key(key) and isinstance(value, str) and value and not is_url(value):
         return os.path.normpath(os.path.join(base, value))
     return value
 

@@ -38,7 +38,7 @@ from .entries import (
     schema_from_text,
     schema_to_text,
 )
-from .errors import CorruptSegment
+from .errors import CorruptLog
 from .layout import segment_id
 
 NO_TIME = np.iinfo(np.int64).min
@@ -179,7 +179,7 @@ class TopicState:
     # -- replay -------------------------------------------------------------------------
     def apply(self, version: int, entry: Entry) -> None:
         if version != self.version + 1:
-            raise CorruptSegment(
+            raise CorruptLog(
                 f"topic {self.name!r}: commit log version {version} follows {self.version}"
             )
         if isinstance(entry, CreateEntry):
@@ -314,5 +314,5 @@ class TopicState:
                 st.chunks.append(ChunkIndex(lazy=(table, at, n)))
                 at += n
         except (KeyError, TypeError, ValueError) as e:
-            raise CorruptSegment(f"checkpoint {where} is malformed: {e!r}") from None
+            raise CorruptLog(f"checkpoint {where} is malformed: {e!r}") from None
         return st

@@ -53,6 +53,7 @@ from .errors import (
     ConfigError,
     PafkaError,
     StoreFull,
+    TierRelocated,
     TopicDeleted,
     TopicExists,
     TopicNotFound,
@@ -67,6 +68,7 @@ from .layout import (
     file_lock,
     fsync_dir,
     is_topic,
+    is_url,
     log_dir,
     makedirs_durable,
     partitions_dir,
@@ -87,7 +89,7 @@ from .saved import (
     tier_overlap,
 )
 from .state import TopicState
-from .tiers import NO_SPACE, PmemTier, SegmentWriter, Tier, make_tier
+from .tiers import NO_SPACE, SegmentWriter, Tier, make_tier
 from .topic import Topic
 
 log = logging.getLogger(__name__)
@@ -313,7 +315,7 @@ class Store:
             row: dict[str, Any] = {"tier": t.number, "type": t.type, "path": t.path,
                                    "capacity": t.capacity, "used": used[t.number],
                                    "segments": segs[t.number]}
-            if isinstance(t, PmemTier):
+            if t.has_pool:
                 row["pool_files"] = t.pool_size
                 row["pool_free"] = t.free_pool_files()
             out.append(row)
@@ -451,12 +453,7 @@ class Store:
                 write_atomic(os.path.join(self.root, STORE_FILE),
                              json.dumps(portable(self.root, saved), indent=1).encode())
 
-            changed = 0
-            if isinstance(tier, PmemTier):
-                changed = tier.resize(new, save, progress)
-            else:
-                save()
-                tier.capacity = new
+            changed = tier.resize(new, save, progress)
             self.config = self.config.with_overrides({key: new})
         log.info("store %s: tier %d resized to %d bytes", self.root, number, new)
         return changed
@@ -476,7 +473,7 @@ class Store:
             for number, written in tiers:
                 now, path = self._saved_relocations()[number - 1]
                 if written != now and (written is not None or now):
-                    raise ConfigError(
+                    raise TierRelocated(
                         f"tier {number} of the store at {self.root} was relocated (to {path}) "
                         "after data was written to it" + (
                             "" if written is not None else " by a release that does not "
@@ -573,11 +570,9 @@ def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]
     tiers = [make_tier(spec, effective) for spec in specs]
     for t in tiers:
         t.prepare()
-        if isinstance(t, PmemTier):
-            # On every open, not only the first: a crash while pre-allocating (or a tier on
-            # RAM that lost its files) must not leave the pool short for good. Cheap once
-            # the pool is marked complete.
-            t.ensure_pool()
+        # On every open, not only the first: a crash while pre-allocating (or a tier on RAM
+        # that lost its files) must not leave a pool short for good. Cheap once complete.
+        t.ensure_pool()
     return effective, tiers, store_id
 
 
@@ -590,7 +585,7 @@ def _create(root: str, config: StoreConfig) -> None:
     # Made and claimed before _store.json exists: from then on, a missing or unclaimed one
     # has moved or is lost, and a store refused a tier is not left behind.
     for spec in specs:
-        if "://" not in spec.path:
+        if not is_url(spec.path):
             makedirs_durable(spec.path)
     claim_local_tiers(root, store_id, specs, creating=True)
     if not _save(root, config, config.layout(root), store_id):
@@ -619,7 +614,7 @@ def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
     """A new store's tiers are each a place of their own, apart from the root's own files."""
     real_root = os.path.realpath(root)
     for i, spec in enumerate(specs):
-        if "://" not in spec.path and inside(os.path.realpath(spec.path), real_root):
+        if not is_url(spec.path) and inside(os.path.realpath(spec.path), real_root):
             raise ConfigError(f"storage.tiers.{spec.number}.paths={spec.path} is the store's "
                               f"root {root} or holds it; a tier needs a directory of its own")
         for other in specs[:i]:
@@ -638,7 +633,7 @@ def _check_tier_dirs(root: str, store_id: str | None, specs: list[TierSpec]) -> 
     that no segment is on (a release that saved _store.json first) is made."""
     real_root = os.path.realpath(root)
     for spec in specs:
-        if "://" in spec.path:
+        if is_url(spec.path):
             continue
         outside = not inside(real_root, os.path.realpath(spec.path))
         hint = f"`pafka relocate {root} {spec.number} DIR`"

@@ -11,7 +11,7 @@ import errno
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..chunk import EncodedChunk
 from ..config import TierSpec
@@ -144,12 +144,40 @@ class Tier(ABC):
         """Free pre-allocated segment files, for tiers with a pool; None otherwise."""
         return None
 
+    @property
+    def pool_size(self) -> int | None:
+        """How many segment files the tier's pool holds; None for tiers without a pool."""
+        return None
+
+    def ensure_pool(self) -> int:
+        """Complete the pool after a crash or a lost file; returns files created (0 here)."""
+        return 0
+
+    def resize(self, capacity: int, save: Callable[[], None],
+               progress: Callable[[int], None] | None = None) -> int:
+        """Take ``capacity`` as the tier's size once ``save`` has recorded it; returns the
+        change in pool files (0 for tiers without a pool)."""
+        save()
+        self.capacity = capacity
+        return 0
+
     # Files of the tier, for garbage collection, checks and moves. Local tiers use the OS;
     # a remote tier overrides these.
     local = True
     # Whether a released file is reused (a pool): then it is released as soon as no reader
     # pins it (an exclusive flock succeeds) rather than after log.cleanup.grace.ms.
     pinned_by_readers = False
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the tier lives behind a filesystem URL (fsspec): no appends, no flock, no
+        memory mapping; sealed segments are written whole."""
+        return not self.local
+
+    @property
+    def has_pool(self) -> bool:
+        """Whether the tier keeps a pool of pre-allocated segment files (PMEM)."""
+        return self.pinned_by_readers
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
