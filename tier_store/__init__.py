@@ -24,6 +24,7 @@ from .errors import (
     SchemaMismatch,
     SegmentNotMovable,
     StoreFull,
+    StoreNotFound,
     TierRelocated,
     TopicDeleted,
     TopicExists,
@@ -37,7 +38,10 @@ from .reading import MAPS, PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .recovery import CheckReport, check_topic
 from .relocate import Relocation, relocate_tier
+from .segment import CHUNK_ALIGN
+from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .store import Store
+from .tiers import throttle_tier_writes
 from .topic import Topic, as_table, conform, loose_type
 
 __version__ = "0.1.0"
@@ -45,6 +49,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CONFIG_KEYS",
     "MAPS",
+    "CHUNK_ALIGN",
+    "SEGMENT_HEADER_SIZE",
     "STORE_FILE",
     "AppendResult",
     "CheckReport",
@@ -71,6 +77,7 @@ __all__ = [
     "Store",
     "StoreConfig",
     "StoreFull",
+    "StoreNotFound",
     "TierRelocated",
     "Topic",
     "TopicDeleted",
@@ -91,5 +98,6 @@ __all__ = [
     "partition_of",
     "relocate_tier",
     "seal_idle",
+    "throttle_tier_writes",
     "tier_key",
 ]

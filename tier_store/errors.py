@@ -16,6 +16,11 @@ class ConfigError(PafkaError, ValueError):
     """A configuration key or value is unknown, out of range, or conflicts with the saved one."""
 
 
+class StoreNotFound(PafkaError, LookupError):
+    """No store at the given root (no ``_store.json``), and the caller asked not to create
+    one."""
+
+
 class TopicNotFound(PafkaError, LookupError):
     """The named topic does not exist in the store."""
 

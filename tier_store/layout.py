@@ -41,6 +41,7 @@ from .errors import PafkaError
 from .ids import SegmentId
 
 STORE_FILE = "_store.json"
+MIGRATION_FILE = "_migration.json"
 STORE_LOCK = "_store.lock"
 TIERS_LOCK = "_tiers.lock"
 REMOTE_LOCK = "remote.lock"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .segment import CHUNK_ALIGN, HEADER_SIZE
+
 
 @dataclass(frozen=True)
 class ChunkRef:
@@ -73,3 +75,9 @@ class SegmentInfo:
     # False while the file holds chunks written but not committed yet (a writer may still
     # commit them) that are younger than log.cleanup.grace.ms: such a segment waits to move.
     settled: bool = True
+
+    @property
+    def file_bytes(self) -> int:
+        """At most the bytes a file holding just this segment's chunks takes: the header,
+        the chunks, and each one's alignment."""
+        return HEADER_SIZE + self.bytes + self.chunks * (CHUNK_ALIGN - 1)

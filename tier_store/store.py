@@ -51,8 +51,10 @@ from .config import (
 from .entries import CreateEntry, schema_to_text
 from .errors import (
     ConfigError,
+    CorruptState,
     PafkaError,
     StoreFull,
+    StoreNotFound,
     TierRelocated,
     TopicDeleted,
     TopicExists,
@@ -60,6 +62,7 @@ from .errors import (
 )
 from .garbage import collect_garbage
 from .layout import (
+    MIGRATION_FILE,
     STORE_FILE,
     STORE_LOCK,
     TIER_OWNER,
@@ -132,16 +135,24 @@ class Store:
     # -- opening ----------------------------------------------------------------------------
     @classmethod
     def open(cls, root: str | os.PathLike[str],
-             config: Mapping[str, Any] | str | os.PathLike[str] | None = None) -> Store:
-        """Open (creating if needed) the store at ``root``.
+             config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+             create: bool = True) -> Store:
+        """Open the store at ``root``, creating it unless ``create=False``.
 
         ``config`` is a dict of keys or the path of a ``.properties`` file; see
-        :mod:`tier_store.config`.
+        :mod:`tier_store.config`. Readers, tools and notebooks pass ``create=False``: a
+        mistyped root is then :class:`StoreNotFound` instead of a new empty store.
         """
         root = os.path.abspath(os.fspath(root))
         # Relative tier paths given now are relative to the working directory, as in any
         # command; the saved ones are relative to the root.
         given = {k: resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
+        if not create and not cls.exists(root):
+            why = "" if os.path.isdir(root) else (
+                ": the directory does not exist" if not os.path.lexists(root) else
+                ": it is not a directory")
+            raise StoreNotFound(f"no pafka store at {root} (no {STORE_FILE}{why}); check the "
+                                "path, or create the store by writing to it")
         makedirs_durable(root)
         lock = os.path.join(root, STORE_LOCK)
         # Shared against a resize, which saves a new size and changes the pool under the
@@ -163,6 +174,43 @@ class Store:
             if saved is None:
                 raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
             return cls(root, *_open_saved(root, saved, given))._opened(saved, given)
+
+    @staticmethod
+    def exists(root: str | os.PathLike[str]) -> bool:
+        """Whether a store was created at ``root``."""
+        return os.path.isfile(os.path.join(os.path.abspath(os.fspath(root)), STORE_FILE))
+
+    @staticmethod
+    def identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
+        """What tells this store apart from one deleted and created again at ``root``
+        (None if there is none): a cached handle is reused only while it is the same."""
+        try:
+            st = os.stat(os.path.join(os.path.abspath(os.fspath(root)), STORE_FILE))
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def migration_totals(self) -> dict[str, Any]:
+        """The migration service's counters since the store was made ({} before its first
+        run)."""
+        try:
+            with open(os.path.join(self.root, MIGRATION_FILE), "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return {}
+        except ValueError as e:
+            raise CorruptState(f"{os.path.join(self.root, MIGRATION_FILE)} is not JSON ({e}); "
+                               "delete it to start the counters afresh") from None
+        if not isinstance(data, dict):
+            raise CorruptState(f"{os.path.join(self.root, MIGRATION_FILE)} holds "
+                               f"{type(data).__name__}, not an object; delete it to start the "
+                               "counters afresh")
+        return data
+
+    def save_migration_totals(self, totals: Mapping[str, Any]) -> None:
+        """Replace the migration service's counters (one writer: the service)."""
+        write_atomic(os.path.join(self.root, MIGRATION_FILE),
+                     json.dumps(dict(totals), indent=1).encode())
 
     def _opened(self, saved: dict[str, Any], given: dict[str, Any]) -> Store:
         self._relocations = relocations(saved)

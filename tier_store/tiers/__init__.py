@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..config import StoreConfig, TierSpec
-from .base import NO_SPACE, SegmentWriter, Tier
+from .base import NO_SPACE, SegmentWriter, Tier, throttle_tier_writes
 from .file import FileTier
 from .pmem import PmemTier
 from .remote import RemoteTier
 
-__all__ = ["NO_SPACE", "FileTier", "PmemTier", "RemoteTier", "SegmentWriter", "Tier", "make_tier"]
+__all__ = ["NO_SPACE", "FileTier", "PmemTier", "RemoteTier", "SegmentWriter", "Tier", "make_tier",
+           "throttle_tier_writes"]
 
 
 def make_tier(spec: TierSpec, config: StoreConfig) -> Tier:

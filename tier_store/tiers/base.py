@@ -21,6 +21,19 @@ from ..segment import HEADER_SIZE, SegmentHeader
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 """errno values that mean a tier's filesystem is full."""
 
+_throttles: dict[int | None, Callable[[int], None]] = {}
+
+
+def throttle_tier_writes(charge: Callable[[int], None] | None, tier: int | None = None) -> None:
+    """In this process, call ``charge(nbytes)`` before every write of ``nbytes`` to tier
+    number ``tier`` (to every tier when None): appends and the copies of moves. It may
+    sleep, which makes the tier a slower device (benchmarks simulate a disk this way).
+    ``charge=None`` removes it."""
+    if charge is None:
+        _throttles.pop(tier, None)
+    else:
+        _throttles[tier] = charge
+
 
 class SegmentWriter(ABC):
     """Appends chunks to one segment file. Not thread-safe: callers hold the partition lock."""
@@ -139,6 +152,13 @@ class Tier(ABC):
         except OSError:
             return None
         return fs.f_bavail * fs.f_frsize
+
+    def charge_write(self, nbytes: int) -> None:
+        """Charge a write of ``nbytes`` to this tier's throttle, if one is set
+        (:func:`throttle_tier_writes`)."""
+        charge = _throttles.get(self.number) or _throttles.get(None)
+        if charge is not None:
+            charge(nbytes)
 
     def free_pool_files(self) -> int | None:
         """Free pre-allocated segment files, for tiers with a pool; None otherwise."""
