@@ -30,14 +30,15 @@ def register(spark: Any) -> None:
 
 
 def start_migration(spark: Any, root: str, config: dict[str, Any] | None = None) -> Any:
-    """Run the migration service of the store at ``root`` as a thread of this driver
-    program; it stops when the SparkSession stops (or with ``.stop()``)."""
+    """Run the migration service of the existing store at ``root`` as a thread of this
+    driver program; it stops when the SparkSession stops (or with ``.stop()``). A root
+    without a store is :class:`tier_store.StoreNotFound`, not a new empty store."""
     import threading
 
     from migration import MigrationService
     from tier_store import Store
 
-    service = MigrationService(Store.open(root, config)).start()
+    service = MigrationService(Store.open(root, config, create=False)).start()
 
     def watch() -> None:
         # Poll the session: a data source has no hook for the driver's shutdown.

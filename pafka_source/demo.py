@@ -26,18 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tier_store import PafkaError
-from tier_store.config import parse_config
-from tier_store.layout import STORE_FILE, STORE_LOCK, TIERS_LOCK
-from tier_store.saved import read_saved
+from tier_store import InvalidArgument, PafkaError
 
 log = logging.getLogger(__name__)
 
 # Marks a store root as the demo's own, which the next run may delete.
 DEMO_MARKER = "_pafka_demo"
-# What a demo store's root may hold (stores from before the marker are recognised by it).
-_DEMO_ENTRIES = {STORE_FILE, STORE_LOCK, TIERS_LOCK, DEMO_MARKER, "_migration.json",
-                 "_checkpoints", "clicks", "tier-1", "tier-2"}
 # How long query 2 waits for query 1 to create its topic, and a stop for a micro-batch.
 TOPIC_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
@@ -60,6 +54,7 @@ def demo_paths(cwd: str | None = None) -> tuple[str, str]:
 
 
 def store_options(root: str, fast: str) -> dict[str, str]:
+    """The demo store's configuration: a small tier 1 at ``fast``, tier 2 under ``root``."""
     pmem = fast.startswith("/dev/shm")
     return {
         "log.channel.type": "tiered",
@@ -74,28 +69,18 @@ def store_options(root: str, fast: str) -> dict[str, str]:
     }
 
 
-def is_demo_store(root: str, fast: str) -> bool:
+def is_demo_store(root: str) -> bool:
     """Whether ``root`` is a store this demo made (so a run may delete it): it carries
-    :data:`DEMO_MARKER`, or, made before the marker existed, was created with the demo's
-    options and holds nothing but what the demo writes."""
-    if os.path.isfile(os.path.join(root, DEMO_MARKER)):
-        return True
-    try:
-        saved = read_saved(root)
-        entries = set(os.listdir(root))
-    except (OSError, PafkaError):
-        return False
-    demo = {k: list(v) if isinstance(v, tuple) else v
-            for k, v in parse_config(store_options(root, fast)).items()}
-    return saved is not None and saved["config"] == demo and entries <= _DEMO_ENTRIES
+    :data:`DEMO_MARKER`."""
+    return os.path.isfile(os.path.join(root, DEMO_MARKER))
 
 
-def check_replaceable(root: str, fast: str) -> None:
+def check_replaceable(root: str) -> None:
     """Raise unless the demo may delete ``root``: absent, empty, or a store it made."""
     if not os.path.lexists(root):
         return
     if os.path.isdir(root) and not os.path.islink(root) and \
-            (not os.listdir(root) or is_demo_store(root, fast)):
+            (not os.listdir(root) or is_demo_store(root)):
         return
     raise PafkaError(
         f"{root} exists and is not a store made by the demo (no {DEMO_MARKER} file in it), so "
@@ -107,10 +92,11 @@ def check_run_args(seconds: float, rows_per_second: int) -> None:
     """Fail before Spark starts on arguments the queries cannot run with."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or \
             not math.isfinite(seconds) or seconds <= 0:
-        raise PafkaError(f"seconds must be a number > 0, got {seconds!r}")
+        raise InvalidArgument(f"seconds must be a number > 0, got {seconds!r}")
     if isinstance(rows_per_second, bool) or not isinstance(rows_per_second, int) or \
             rows_per_second <= 0:
-        raise PafkaError(f"rows_per_second must be an integer > 0, got {rows_per_second!r}")
+        raise InvalidArgument(f"rows_per_second must be an integer > 0, got "
+                              f"{rows_per_second!r}")
 
 
 def wait_for_topic(root: str, name: str, query: Any, timeout: float = TOPIC_TIMEOUT_S) -> None:
@@ -118,7 +104,7 @@ def wait_for_topic(root: str, name: str, query: Any, timeout: float = TOPIC_TIME
     raise naming the query's error if it failed, or after ``timeout`` seconds."""
     from tier_store import Store
 
-    store = Store.open(root)
+    store = Store.open(root, create=False)
     deadline = time.monotonic() + timeout
     while name not in store.topics():
         error = query.exception()
@@ -177,11 +163,11 @@ def run(seconds: float = 10.0, rows_per_second: int = 60_000,
 
     check_run_args(seconds, rows_per_second)
     root, fast = demo_paths()
-    check_replaceable(root, fast)
+    check_replaceable(root)
     for d in (root, fast):
         shutil.rmtree(d, ignore_errors=True)
     opts = store_options(root, fast)
-    Store.open(root, opts)  # creates the store and pre-allocates the pmem pool
+    Store.open(root, opts, create=True)  # creates the store, pre-allocates the pmem pool
     with open(os.path.join(root, DEMO_MARKER), "w") as f:
         f.write("made by `pafka demo`, which deletes and recreates this store on each run\n")
     spark = spark_session()
@@ -235,7 +221,7 @@ def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: 
     from . import start_migration, track_groups
 
     ckpt = os.path.join(root, "_checkpoints")
-    store = Store.open(root)
+    store = Store.open(root, create=False)
     before = _tiers(store)
     t1 = store.tier(1)
     say(f"The store lives in {root}, with no broker to run.")

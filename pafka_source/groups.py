@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tier_store import PafkaError, Store, TopicNotFound
+from tier_store import PafkaError, Store, StoreNotFound, TopicNotFound
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,11 @@ class GroupTracker:
                     continue
                 store = self._stores.get(src.root)
                 if store is None:
-                    store = self._stores[src.root] = Store.open(src.root)
+                    try:
+                        store = Store.open(src.root, create=False)
+                    except StoreNotFound:
+                        continue  # deleted since: a position is never worth a new store
+                    self._stores[src.root] = store
                 try:
                     handle = store.topic(topic)
                 except TopicNotFound:

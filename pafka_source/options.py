@@ -10,14 +10,28 @@ write it, the value and what is allowed. Store configuration keys (``log.segment
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tier_store import PafkaError
-from tier_store.config import KEYS, key_for, load_config, parse_size
+from tier_store import CONFIG_KEYS, PafkaError, key_for, load_config
+
+from .option_values import (
+    NAMES,
+    OffsetSpec,
+    bad_value,
+    byte_size,
+    display,
+    duration_ms,
+    lower_keys,
+    non_empty,
+    offset_json,
+    parse_bool,
+    parse_json,
+    parse_offsets,
+    positive_int,
+)
 
 SOURCE_OPTIONS = {
     "path": "store root directory (or load(root))",
@@ -69,94 +83,8 @@ STREAM_ONLY_SOURCE_OPTIONS = ("maxoffsetspertrigger", "maxrecordspertrigger",
                               "maxbytespertrigger", "minoffsetspertrigger", "maxtriggerdelay",
                               "consumergroup")
 
-# The spelling users write (Spark hands options over lower-cased).
-NAMES = {k.lower(): k for k in (
-    "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp",
-    "startingOffsetsByTimestamp", "failOnDataLoss", "includeMetadata", "maxOffsetsPerTrigger",
-    "maxRecordsPerTrigger", "maxBytesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
-    "minPartitions", "maxRecordsPerPartition", "consumerGroup", "verifyChecksums",
-    "timestampColumn", "writerId", "checkpointLocation")}
-
-_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|sec|m|min|h|d|seconds?|minutes?|hours?|days?)?\s*$",
-                          re.IGNORECASE)
-_UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "m": 60_000,
-            "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000,
-            "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000, "day": 86_400_000,
-            "days": 86_400_000}
-_PARTITION_RE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() accepts '٣' too
-MAX_BYTES_LIMIT = 2**63 - 1  # Spark's ReadMaxBytes is a long
-
-
-def display(name: str) -> str:
-    """How users spell an option that Spark hands over lower-cased."""
-    return NAMES.get(name.lower(), name)
-
-
-def _bad(option: str, value: Any, allowed: str) -> PafkaError:
-    return PafkaError(f"invalid value {value!r} for option {display(option)!r}: "
-                      f"expected {allowed}")
-
-
-def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
-    v = opts.get(name)
-    if v is None:
-        return default
-    s = str(v).strip().lower()
-    if s not in ("true", "false"):
-        raise _bad(name, v, "true or false")
-    return s == "true"
-
-
-def _positive(opts: Mapping[str, str], name: str) -> int | None:
-    v = opts.get(name)
-    if v is None:
-        return None
-    try:
-        n = int(str(v).strip())
-    except ValueError:
-        raise _bad(name, v, "a positive integer") from None
-    if n <= 0:
-        raise _bad(name, v, "a positive integer")
-    return n
-
-
-def _non_empty(opts: Mapping[str, str], name: str, what: str) -> str | None:
-    v = opts.get(name)
-    if v is None:
-        return None
-    if not str(v).strip():
-        raise _bad(name, v, f"{what} (not empty)")
-    return str(v).strip()
-
-
-def _size(opts: Mapping[str, str], name: str) -> int | None:
-    """A byte size of its own range (not log.segment.bytes', which is 16 KiB to 1 TiB)."""
-    v = opts.get(name)
-    if v is None:
-        return None
-    allowed = ("a size in bytes from 1 to 2^63-1, such as 4096, 512k, 64m or 2g (suffixes k, "
-               "m, g, t: KiB, MiB, GiB, TiB)")
-    try:
-        n = parse_size(str(v))
-    except ValueError:
-        raise _bad(name, v, allowed) from None
-    if not 1 <= n <= MAX_BYTES_LIMIT:
-        raise _bad(name, v, allowed)
-    return n
-
-
-def _duration_ms(opts: Mapping[str, str], name: str, default: int) -> int:
-    v = opts.get(name)
-    if v is None:
-        return default
-    m = _DURATION_RE.match(str(v))
-    if not m:
-        raise _bad(name, v, "a duration such as 500ms, 30s, 15m or 1h")
-    return int(m.group(1)) * _UNIT_MS[(m.group(2) or "ms").lower()]
-
-
 def _is_store_key(name: str) -> bool:
-    return name in KEYS or name.startswith("storage.tiers.")
+    return name in CONFIG_KEYS or name.startswith("storage.tiers.")
 
 
 def _listing(table: Mapping[str, str]) -> str:
@@ -174,14 +102,10 @@ def _check_known(opts: Mapping[str, str], known: Mapping[str, str], side: str) -
             raise PafkaError(f"option {display(name)!r} applies to a {other}, not to a "
                              f"{'read' if side == 'source' else 'write'}. Known {side} options: "
                              f"{_listing(known)}")
-        close = difflib.get_close_matches(name, list(known) + list(KEYS), n=2, cutoff=0.6)
+        close = difflib.get_close_matches(name, list(known) + list(CONFIG_KEYS), n=2, cutoff=0.6)
         hint = f"; did you mean {' or '.join(display(c) for c in close)}? " if close else ". "
         raise PafkaError(f"unknown {side} option {name!r}{hint}Known {side} options: "
                          f"{_listing(known)}; and the store keys of conf/pafka.properties")
-
-
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {str(k).lower(): v for k, v in options.items()}
 
 
 # What an option is when it is not given, for the README's tables.
@@ -232,78 +156,6 @@ def _root(opts: Mapping[str, str]) -> str:
     return root
 
 
-OffsetSpec = str | dict[str, dict[str, int]]
-
-
-def _json(name: str, raw: str, expected: str) -> Any:
-    """Parse JSON, rejecting a key given twice (json.loads would keep the last silently)."""
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in items:
-            if k in out:
-                raise PafkaError(f"option {display(name)!r} gives {k!r} twice: {raw}")
-            out[k] = v
-        return out
-    try:
-        return json.loads(raw, object_pairs_hook=pairs)
-    except ValueError:
-        raise _bad(name, raw, expected) from None
-
-
-def parse_offsets(opts: Mapping[str, str], name: str, ending: bool = False
-                  ) -> OffsetSpec | None:
-    """``earliest`` | ``latest`` | JSON ``{topic: {partition: offset}}`` with -2/-1.
-
-    An ending offset cannot be ``earliest``/-2, as in Kafka's source: such a read would end
-    before anything it could read."""
-    v = opts.get(name)
-    if v is None:
-        return None
-    s = str(v).strip()
-    example = '{"clicks": {"0": 23, "1": -1}}' if ending else '{"clicks": {"0": 23, "1": -2}}'
-    expected = f"latest, or JSON like {example}" if ending else \
-        f"earliest, latest, group (with consumerGroup), or JSON like {example}"
-    if s.lower() in ("latest", "earliest", "group"):
-        if s.lower() == "earliest" and ending:
-            raise _bad(name, v, f"{expected} (a read cannot end at the earliest offsets)")
-        if s.lower() == "group" and ending:
-            raise _bad(name, v, f"{expected} (a read cannot end at a consumer group's "
-                                "offsets)")
-        return s.lower()
-    parsed = _json(name, s, expected)
-    if ending:
-        return _offset_json(name, v, parsed, -1, "offsets integers >= -1 (-1: latest; -2, "
-                                                 "earliest, cannot end a read)")
-    return _offset_json(name, v, parsed, -2, "offsets integers >= -2 (-2: earliest, -1: "
-                                             "latest)")
-
-
-def _offset_json(name: str, raw: Any, parsed: Any, lowest: int, allowed: str
-                 ) -> dict[str, dict[str, int]]:
-    shape = 'JSON like {"clicks": {"0": 23, "1": -2}}'
-    if not isinstance(parsed, dict) or not parsed:
-        raise _bad(name, raw, shape)
-    out: dict[str, dict[str, int]] = {}
-    for topic, parts in parsed.items():
-        if not isinstance(parts, dict) or not parts:
-            raise _bad(name, raw, shape)
-        clean: dict[int, int] = {}
-        spelled: dict[int, str] = {}
-        for p, off in parts.items():
-            if not _PARTITION_RE.fullmatch(str(p)) or isinstance(off, bool) or \
-                    not isinstance(off, int) or off < lowest:
-                raise PafkaError(
-                    f"invalid entry {p!r}: {off!r} for topic {topic!r} in option "
-                    f"{display(name)!r}: partitions are non-negative integers and {allowed}")
-            if int(p) in clean:
-                raise PafkaError(f"option {display(name)!r} gives partition {int(p)} of topic "
-                                 f"{topic!r} twice (as {spelled[int(p)]!r} and {p!r})")
-            clean[int(p)] = off
-            spelled[int(p)] = p
-        out[topic] = {str(p): clean[p] for p in sorted(clean)}
-    return out
-
-
 @dataclass(frozen=True)
 class SourceOptions:
     """The parsed options of a ``pafka`` read."""
@@ -330,7 +182,7 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        opts = _lower(options)
+        opts = lower_keys(options)
         _check_known(opts, SOURCE_OPTIONS, "source")
         chosen = [k for k in ("topic", "subscribe", "subscribepattern") if opts.get(k)]
         if len(chosen) != 1:
@@ -343,20 +195,21 @@ class SourceOptions:
         elif "subscribe" in chosen:
             topics = tuple(t.strip() for t in opts["subscribe"].split(",") if t.strip())
             if not topics:
-                raise _bad("subscribe", opts["subscribe"], "a comma-separated list of topics")
+                raise bad_value("subscribe", opts["subscribe"], "a comma-separated list of topics")
         else:
             pattern = opts["subscribepattern"]
             try:
                 re.compile(pattern)
             except re.error as e:
-                raise _bad("subscribePattern", pattern, f"a regular expression ({e})") from None
-        max_records = _positive(opts, "maxoffsetspertrigger")
-        alias = _positive(opts, "maxrecordspertrigger")
+                raise bad_value("subscribePattern", pattern,
+                                f"a regular expression ({e})") from None
+        max_records = positive_int(opts, "maxoffsetspertrigger")
+        alias = positive_int(opts, "maxrecordspertrigger")
         if max_records is not None and alias is not None and max_records != alias:
             raise PafkaError("maxOffsetsPerTrigger and its alias maxRecordsPerTrigger disagree: "
                              "set one")
         max_records = max_records if max_records is not None else alias
-        min_records = _positive(opts, "minoffsetspertrigger")
+        min_records = positive_int(opts, "minoffsetspertrigger")
         if min_records is not None and max_records is not None and min_records > max_records:
             raise PafkaError(f"minOffsetsPerTrigger={min_records} is above maxOffsetsPerTrigger="
                              f"{max_records}: a micro-batch could never hold that many records; "
@@ -369,21 +222,21 @@ class SourceOptions:
             except ValueError:
                 starting_ts = -1
             if starting_ts < 0:
-                raise _bad("startingTimestamp", raw,
-                           "milliseconds since the epoch (an integer >= 0)")
+                raise bad_value("startingTimestamp", raw,
+                                "milliseconds since the epoch (an integer >= 0)")
         by_ts = None
         if opts.get("startingoffsetsbytimestamp") is not None:
             raw = opts["startingoffsetsbytimestamp"]
             shape = 'JSON like {"clicks": {"0": 1700000000000}}'
-            by_ts = _offset_json("startingoffsetsbytimestamp", raw,
-                                 _json("startingoffsetsbytimestamp", raw, shape), 0,
-                                 "timestamps integers >= 0 (milliseconds since the epoch)")
+            by_ts = offset_json("startingoffsetsbytimestamp", raw,
+                                parse_json("startingoffsetsbytimestamp", raw, shape), 0,
+                                "timestamps integers >= 0 (milliseconds since the epoch)")
         given = [k for k in ("startingoffsets", "startingtimestamp",
                              "startingoffsetsbytimestamp") if opts.get(k) is not None]
         if len(given) > 1:
             raise PafkaError(f"set at most one of {', '.join(display(k) for k in given)}")
         starting = parse_offsets(opts, "startingoffsets")
-        group = _non_empty(opts, "consumergroup", "a consumer group name")
+        group = non_empty(opts, "consumergroup", "a consumer group name")
         if starting == "group" and group is None:
             raise PafkaError("option 'startingOffsets' is 'group', but no 'consumerGroup' is "
                              "set: name the group to start from with "
@@ -393,16 +246,16 @@ class SourceOptions:
             starting=starting,
             ending=parse_offsets(opts, "endingoffsets", ending=True),
             starting_timestamp=starting_ts, starting_by_timestamp=by_ts,
-            fail_on_data_loss=_bool(opts, "failondataloss", True),
-            include_metadata=_bool(opts, "includemetadata", False),
+            fail_on_data_loss=parse_bool(opts, "failondataloss", True),
+            include_metadata=parse_bool(opts, "includemetadata", False),
             max_records=max_records,
-            max_bytes=_size(opts, "maxbytespertrigger"),
+            max_bytes=byte_size(opts, "maxbytespertrigger"),
             min_records=min_records,
-            max_trigger_delay_ms=_duration_ms(opts, "maxtriggerdelay", 15 * 60_000),
-            min_partitions=_positive(opts, "minpartitions"),
-            max_records_per_partition=_positive(opts, "maxrecordsperpartition") or 1_000_000,
+            max_trigger_delay_ms=duration_ms(opts, "maxtriggerdelay", 15 * 60_000),
+            min_partitions=positive_int(opts, "minpartitions"),
+            max_records_per_partition=positive_int(opts, "maxrecordsperpartition") or 1_000_000,
             consumer_group=group,
-            verify=_bool(opts, "verifychecksums", True),
+            verify=parse_bool(opts, "verifychecksums", True),
             config=store_config(opts),
             given=frozenset(k for k, v in opts.items() if v is not None),
         )
@@ -430,7 +283,7 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        opts = _lower(options)
+        opts = lower_keys(options)
         _check_known(opts, SINK_OPTIONS, "sink")
         if not opts.get("topic") or not str(opts["topic"]).strip():
             raise PafkaError("the 'topic' option is required to write: "
@@ -441,8 +294,8 @@ class SinkOptions:
             config["compression.type"] = key_for("compression.type").parse(compression)
         return cls(
             root=_root(opts), topic=opts["topic"].strip(),
-            key=_non_empty(opts, "key", "a column name"),
-            partitions=_positive(opts, "partitions"), compression=compression,
-            timestamp_column=_non_empty(opts, "timestampcolumn", "a column name"),
-            writer_id=_non_empty(opts, "writerid", "an id"), config=config,
+            key=non_empty(opts, "key", "a column name"),
+            partitions=positive_int(opts, "partitions"), compression=compression,
+            timestamp_column=non_empty(opts, "timestampcolumn", "a column name"),
+            writer_id=non_empty(opts, "writerid", "an id"), config=config,
         )

@@ -38,22 +38,22 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
-from tier_store import PafkaError, SchemaMismatch, TopicExists
-from tier_store.hashing import hash_keys
-from tier_store.layout import check_topic_name
-from tier_store.topic import loose_type
-
-from .options import SinkOptions, SourceOptions
-from .reader import (
-    FailedStreamReader,
-    PafkaBatchReader,
-    PafkaStreamReader,
-    check_offset_options,
-    require_store,
-    resolve_topics,
+from tier_store import (
+    PafkaError,
+    SchemaMismatch,
+    TopicExists,
+    check_topic_name,
+    hash_keys,
+    loose_type,
 )
+
+from .handles import open_store, store_to_read
+from .offsets import check_offset_options
+from .options import SinkOptions, SourceOptions
+from .planning import resolve_topics
+from .reader import FailedStreamReader, PafkaBatchReader, PafkaStreamReader
 from .types import spark_schema, topic_schema_from_spark
-from .writer import PafkaBatchWriter, PafkaStreamWriter, open_store
+from .writer import PafkaBatchWriter, PafkaStreamWriter
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class PafkaDataSource(DataSource):
     def _open_source(self) -> tuple[SourceOptions, StructType]:
         """Options, checked against the store, and the schema they read."""
         opts = SourceOptions.parse(self.options)
-        require_store(opts.root)
-        store = open_store(opts.root, opts.config)
+        store = store_to_read(opts.root, opts.config)
         topics = resolve_topics(store, opts)
         check_offset_options(topics, opts)
         return opts, spark_schema(topics[0].schema, opts.include_metadata)
@@ -155,7 +154,7 @@ def check_sink_columns(opts: SinkOptions, wanted: pa.Schema) -> None:
     if opts.timestamp_column is not None:
         t = wanted.field(opts.timestamp_column).type
         if not (pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_integer(t)):
-            # The words of tier_store.topic, which checks the same on executors.
+            # The store's own words: it checks the same on executors when a chunk is written.
             raise PafkaError(f"timestamp column {opts.timestamp_column!r} must be a timestamp, "
                              f"date or integer (milliseconds) column, not {t}")
     try:

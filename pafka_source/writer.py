@@ -10,11 +10,9 @@ invisible holes.
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import platform
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -27,10 +25,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from tier_store import ChunkRef, PafkaError, Store, Topic
-from tier_store.layout import STORE_FILE
-from tier_store.segment import HEADER_SIZE
+from tier_store import SEGMENT_HEADER_SIZE, ChunkRef, PafkaError, Topic
 
+from .handles import open_store
 from .options import SinkOptions
 
 log = logging.getLogger(__name__)
@@ -49,34 +46,6 @@ MALLOC_TRIM_THRESHOLD = 256 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _malloc_kept: bool | None = None
-
-_stores: dict[tuple[str, str], tuple[tuple[int, int] | None, Store]] = {}
-_stores_lock = threading.Lock()
-
-
-def _identity(root: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(os.path.join(root, STORE_FILE))
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def open_store(root: str, config: dict[str, Any]) -> Store:
-    """One store handle per root and config in each process (Python workers are reused).
-
-    A handle is reused only while the store's ``_store.json`` is the same file: a store
-    deleted and created again under the same root gets a fresh handle."""
-    key = (root, json.dumps(config, sort_keys=True, default=str))
-    with _stores_lock:
-        cached = _stores.get(key)
-        ident = _identity(root)
-        if cached is not None and cached[0] == ident and ident is not None:
-            return cached[1]
-        s = Store.open(root, config or None)
-        _stores[key] = (_identity(root), s)
-        return s
-
 
 def keep_freed_memory() -> bool:
     """Let glibc keep memory this process frees for its next allocations (once per process).
@@ -124,7 +93,7 @@ def chunk_target(segment_bytes: int) -> int:
     """Bytes of Arrow data gathered into one chunk: at most CHUNK_TARGET_BYTES, and small
     enough that two chunks fit in one segment (a chunk just over half a segment would fill
     one alone, and every chunk would cost a segment roll)."""
-    room = (segment_bytes - HEADER_SIZE) // 2
+    room = (segment_bytes - SEGMENT_HEADER_SIZE) // 2
     return max(1, min(CHUNK_TARGET_BYTES, int(room * (1 - CHUNK_SLACK))))
 
 

@@ -6,12 +6,10 @@ import pytest
 from tier_store import ConfigError, PafkaError, Store
 
 from .conftest import ROOT, SCHEMA, make_batch
+from .support import fill, pmem_hdd_config
+from .support import pafka as _pafka
 
 PAFKA = os.path.join(ROOT, ".venv", "bin", "pafka")
-
-
-def _pafka(*args):
-    return subprocess.run([PAFKA, *args], capture_output=True, text=True, timeout=120)
 
 
 def test_version():
@@ -87,14 +85,8 @@ def test_migrate_once_moves_down_and_tiers_reports_it(tmp_path, shm_dir):
 
 def _tiered(root, shm_dir, n=120):
     """A tiered store (pmem tier 1 of 16 pool files, disk tier 2) with one filled topic."""
-    s = Store.open(root, {
-        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
-        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, "log.cleanup.grace.ms": 0})
-    t = s.create_topic("t", SCHEMA)
-    for i in range(n):
-        t.append(make_batch(i * 200, 200))
-    return s, t
+    s = Store.open(root, pmem_hdd_config(shm_dir, **{"log.cleanup.grace.ms": 0}))
+    return s, fill(s, n)
 
 
 def _one_line_error(r, *needles):
@@ -325,13 +317,16 @@ def test_demo_refuses_to_delete_a_directory_it_did_not_make(no_spark, tmp_path, 
 def test_demo_replaces_only_its_own_store(no_spark, tmp_path):
     demo = no_spark
     root, fast = demo.demo_paths(str(tmp_path))
-    Store.open(root, demo.store_options(root, fast))  # a demo store from before the marker
-    assert demo.is_demo_store(root, fast)
-    demo.check_replaceable(root, fast)
+    Store.open(root, demo.store_options(root, fast))
+    assert not demo.is_demo_store(root)  # the demo's options alone do not make it the demo's
+    with open(os.path.join(root, demo.DEMO_MARKER), "w") as f:
+        f.write("made by `pafka demo`\n")
+    assert demo.is_demo_store(root)
+    demo.check_replaceable(root)
     with pytest.raises(AssertionError, match="started Spark"):
         demo.run(seconds=1)  # deleted and recreated it, marked, then started Spark
     assert os.path.isfile(os.path.join(root, demo.DEMO_MARKER))
-    assert demo.is_demo_store(root, fast)
+    assert demo.is_demo_store(root)
     with pytest.raises(PafkaError, match="seconds must be a number > 0"):
         demo.run(seconds=0)
 

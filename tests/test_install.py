@@ -15,6 +15,7 @@ from pathlib import Path
 import pafka_source
 
 from .conftest import ROOT
+from .support import isolated_env as _env
 
 TIMEOUT = 300  # seconds per subprocess: Spark start-up on a loaded 2-core machine is slow
 PACKAGES = ("tier_store", "migration", "pafka_source")
@@ -48,15 +49,6 @@ JOB = textwrap.dedent('''\
     print(f"DRIVER_MODULE {driver}")
     sys.exit(0 if got == rows else 1)
 ''')
-
-
-def _env(python: str) -> dict[str, str]:
-    """The caller's environment without anything that could point Python at the repository."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYSPARK_DRIVER_PYTHON")}
-    env["PYSPARK_PYTHON"] = python
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    return env
 
 
 def _run(cmd: list[str], cwd: Path, python: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,6 @@ printing every ``expect`` string."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pafka_source
 from pafka_source.cli import build_parser
 
 from .conftest import ROOT
+from .support import isolated_env
 
 README = Path(ROOT) / "README.md"
 DOCS = [README, *sorted((Path(ROOT) / "docs").glob("*.md"))]
@@ -62,12 +62,7 @@ def examples() -> list[Example]:
 def _env(tmp: Path) -> dict[str, str]:
     """The caller's environment without anything that could point Python at the repository;
     ``tempfile.mkdtemp()`` in an example makes its directory under ``tmp``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYSPARK_DRIVER_PYTHON")}
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    env["TMPDIR"] = str(tmp)
-    return env
+    return {**isolated_env(sys.executable), "TMPDIR": str(tmp)}
 
 
 def _run(example: Example, cwd: Path) -> None:

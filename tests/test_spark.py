@@ -11,14 +11,7 @@ import pytest
 from tier_store import Store
 
 from .conftest import SCHEMA, make_batch
-
-
-def _fill(root, topic, n, partitions=2, per_append=1000, **conf):
-    s = Store.open(root, {"log.segment.bytes": "1m", **conf})
-    t = s.create_topic(topic, SCHEMA, partitions=partitions)
-    for start in range(0, n, per_append):
-        t.append(make_batch(start, min(per_append, n - start)), key="key")
-    return s, t
+from .support import fill_keyed as _fill
 
 
 def _keys(spark, root, topic):

@@ -18,8 +18,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from pafka_source.offsets import split_ids
 from pafka_source.options import SinkOptions, SourceOptions
-from pafka_source.reader import split_ids
 from pafka_source.source import PafkaDataSource
 from tier_store import DataLoss, PafkaError, Store
 
@@ -272,7 +272,7 @@ def test_partitions_option_cannot_resize_an_existing_topic(root):
 
 
 def test_small_ranges_share_spark_partitions_and_big_ones_stay_apart(spark, root, monkeypatch):
-    import pafka_source.reader as reader
+    import pafka_source.planning as planning
 
     def spans(parts):
         return [[(p.partition, p.start, p.end) for p in part.plans] for part in parts]
@@ -293,7 +293,7 @@ def test_small_ranges_share_spark_partitions_and_big_ones_stay_apart(spark, root
         (p, lo, min(n, lo + step)) for p, n in latest.items()
         for step in [-(-n // -(-n // 40))] for lo in range(0, n, step))
     # Ranges at or above the packing size each get their own.
-    monkeypatch.setattr(reader, "PACK_RECORDS", min(latest.values()))
+    monkeypatch.setattr(planning, "PACK_RECORDS", min(latest.values()))
     assert sorted(spans(batch_partitions(root, topic="t"))) == [[r] for r in everything]
     monkeypatch.undo()
     # Through Spark: every record once, with its own partition and offset.

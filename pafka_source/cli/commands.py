@@ -1,0 +1,153 @@
+"""The handlers of ``pafka``'s subcommands: from parsed arguments to a store command's data,
+printed by :mod:`.output`, and an exit status. Progress bars (tqdm) are drawn here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from tier_store import InvalidArgument, MoveResult
+
+from . import group_commands as groups
+from . import output as out
+from . import store_commands as sc
+
+if TYPE_CHECKING:
+    from migration import MigrationService
+
+log = logging.getLogger(__name__)
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    out.echo_lines(out.render_topics(sc.list_topics(sc.open_store(args.root))))
+    return 0
+
+
+def cmd_tiers(args: argparse.Namespace) -> int:
+    out.emit(sc.tiers_report(sc.open_store(args.root)), args.json, out.render_tiers)
+    return 0
+
+
+def cmd_resize(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    store = sc.open_store(args.root)
+    with tqdm(unit=" pool files", desc="pre-allocating", disable=None) as bar, \
+            logging_redirect_tqdm():
+        r = sc.resize_tier(store, args.tier, args.size, progress=bar.update)
+    out.echo_lines(out.render_resize(r))
+    return 0
+
+
+def cmd_relocate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    sc.check_root(args.root)
+    with tqdm(unit=" segments", desc="checking", disable=None) as bar, \
+            logging_redirect_tqdm():
+        r = sc.relocate(args.root, args.tier, args.path, progress=bar.update)
+    out.echo_lines(out.render_relocate(r))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from migration import MigrationService
+    store = sc.open_store(args.root, sc.config_args(args.set) or None, cls=sc.ReportingStore)
+    assert isinstance(store, sc.ReportingStore)
+    svc = MigrationService(store)
+    svc.band()  # a misconfigured band fails here, --follow too
+    if args.follow:
+        return _follow(store, svc)
+    plan = sc.plan_migration(svc)
+    if not plan["moves"]:
+        out.echo_lines(out.render_migration(sc.run_migration(store, svc, plan)))
+        return 0
+    lock = threading.Lock()
+    # Binary units as in the summary line; no bar when stderr is not a terminal.
+    with tqdm(total=plan["bytes"], unit="iB", unit_scale=True, unit_divisor=1024,
+              desc="migrating", disable=None) as bar, logging_redirect_tqdm():
+        def moved(r: MoveResult) -> None:
+            with lock:  # moves complete on storage.migrate.threads threads
+                bar.update(r.bytes)
+        report = sc.run_migration(store, svc, plan, on_moved=moved)
+    out.echo_lines(out.render_migration(report))
+    return 0
+
+
+def _follow(store: sc.ReportingStore, svc: MigrationService) -> int:
+    interval = store.config["storage.migrate.interval.ms"] / 1000
+    out.echo(f"migrating {store.root} every {interval:g} s (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            try:
+                done = svc.run_once()
+            except BrokenPipeError:
+                raise
+            except Exception as e:
+                # One failed run (a file gone, a disk error) must not end the service: the
+                # next run plans afresh.
+                out.echo(f"pafka: migration run failed: {out.error_text(e)}; next run in "
+                         f"{interval:g} s", err=True, flush=True)
+                log.info("the failed run's traceback", exc_info=True)
+                done = []
+            for r in done:
+                out.echo(out.move_line(r), flush=True)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_delete_topic(args: argparse.Namespace) -> int:
+    store = sc.open_store(args.root)
+    out.emit(sc.delete_topic(store, args.topic), args.json, out.render_delete)
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    store = sc.open_store(args.root)
+    out.echo_lines(out.render_describe(sc.describe_topic(store, args.topic)))
+    return 0
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    resetting = args.reset_to is not None or args.reset_to_timestamp is not None
+    acting = "--reset-to" if resetting else "--delete" if args.delete else None
+    if acting is not None and (args.topic is None or args.group is None):
+        raise InvalidArgument(f"{acting} needs a topic and a group: pafka groups ROOT TOPIC "
+                              f"--group NAME {acting}{' earliest' if resetting else ''}")
+    if args.partition and not resetting:
+        raise InvalidArgument("--partition applies to --reset-to and --reset-to-timestamp")
+    if args.dry_run and not resetting:
+        raise InvalidArgument("--dry-run applies to --reset-to and --reset-to-timestamp")
+    store = sc.open_store(args.root)
+    if resetting:
+        out.emit(groups.reset_group(store, args.topic, args.group, args.reset_to,
+                                    args.reset_to_timestamp, args.partition, args.dry_run),
+                 args.json, out.render_reset)
+    elif args.delete:
+        out.emit(groups.delete_group(store, args.topic, args.group), args.json,
+                 out.render_group_deleted)
+    else:
+        out.emit(groups.groups_report(store, args.topic, args.group), args.json,
+                 out.render_groups)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    store = sc.open_store(args.root)
+    names, total = sc.check_names(store, args.topic)
+    with tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="verifying",
+              disable=args.no_verify or None) as bar:
+        reports = sc.check_topics(store, names, verify=not args.no_verify,
+                                  progress=bar.update)
+    out.echo_lines(out.render_check(reports))
+    return 1 if any(not r.ok for r in reports) else 0

@@ -1,0 +1,218 @@
+"""The ``pafka`` command line: its parser and :func:`main`, which runs a subcommand's handler
+and turns errors into one line on stderr with exit status 1 (``-v``, before or after the
+command, adds tracebacks)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+
+from tier_store import PafkaError
+
+from .. import __version__
+from .commands import (
+    cmd_check,
+    cmd_delete_topic,
+    cmd_describe,
+    cmd_groups,
+    cmd_migrate,
+    cmd_relocate,
+    cmd_resize,
+    cmd_tiers,
+    cmd_topics,
+)
+from .demo import cmd_demo
+from .group_commands import RESET_NOTE
+from .output import echo, error_text
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tier store, list "
+               "and reset its consumer groups, or run the end-to-end Spark demo.")
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (checked before Spark starts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """A whole number above 0 (checked before Spark starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    """A whole number of 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _reset_target(text: str) -> str | int:
+    """earliest | latest | an offset."""
+    if text.strip().lower() in ("earliest", "latest"):
+        return text.strip().lower()
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected earliest, latest or an offset (an integer "
+                                         f">= 0), got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``pafka`` and its subcommands; each sets ``func``, its handler."""
+    ap = argparse.ArgumentParser(prog="pafka", description=DESCRIPTION)
+    ap.add_argument("--version", action="version", version=f"pafka {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="log at INFO level and show tracebacks")
+    # -v after the command too; SUPPRESS keeps a subcommand from resetting a -v given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log at INFO level and show tracebacks")
+    sub = ap.add_subparsers(dest="command")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                              parents=[common])
+
+    d = command("demo", "stream clicks into a topic with Spark and aggregate them with a second "
+                        "query, on ./pafka-data (the only command that creates a store)")
+    d.add_argument("--seconds", type=_seconds, default=10.0,
+                   help="how long the producer's burst lasts (default 10)")
+    d.add_argument("--rate", type=_positive_int, default=60_000,
+                   help="clicks per second the producer writes (default 60000)")
+    d.add_argument("--json", action="store_true", help="print the demo's facts as JSON")
+    d.set_defaults(func=cmd_demo)
+    t = command("topics", "list the topics of a store")
+    t.add_argument("root")
+    t.set_defaults(func=cmd_topics)
+    u = command("tiers", "show each tier's usage, its usable capacity (a PMEM tier's: its "
+                         "pool, log.pmem.pool.ratio of its size) and the fill the migration "
+                         "policy sees")
+    u.add_argument("root")
+    u.add_argument("--json", action="store_true", help="print JSON instead of text")
+    u.set_defaults(func=cmd_tiers)
+    m = command("migrate", "apply the migration policy once, or keep applying it")
+    m.add_argument("root")
+    mode = m.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="one run (the default)")
+    mode.add_argument("--follow", action="store_true",
+                      help="run every storage.migrate.interval.ms until interrupted")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3"
+                        " (not tier sizes or paths: see pafka resize and pafka relocate)")
+    m.set_defaults(func=cmd_migrate)
+    for name, func, help, arg, arg_help in [
+            ("resize", cmd_resize, "change a tier's capacity (a PMEM tier's pool follows) and "
+             "save it for every process", "size",
+             "bytes, or with a suffix k, m, g, t (KiB, MiB, GiB, TiB)"),
+            ("relocate", cmd_relocate, "point a tier at the directory (or URL) it was moved or "
+             "copied to, once that holds all the tier's segments", "path",
+             "the tier's new directory, or fsspec URL for a REMOTE tier")]:
+        r = command(name, help)
+        r.add_argument("root")
+        r.add_argument("tier", type=int, help="tier number, 1 = fastest")
+        r.add_argument(arg, help=arg_help)
+        r.set_defaults(func=func)
+    x = command("delete-topic", "delete a topic and reclaim its files on every tier; a topic "
+                                "created under its name later is a new one (another id)")
+    x.epilog = ("A streaming query whose checkpoint names the deleted topic fails with a clear "
+                "error rather than reading a new topic of the same name.")
+    x.add_argument("root")
+    x.add_argument("topic")
+    x.add_argument("--json", action="store_true", help="print JSON instead of text")
+    x.set_defaults(func=cmd_delete_topic)
+    c = command("describe", "partitions, offsets, segments and groups of a topic")
+    c.add_argument("root")
+    c.add_argument("topic")
+    c.set_defaults(func=cmd_describe)
+    g = command("groups", "list consumer groups with their committed offsets and lag per "
+                          "partition, or reset or delete a group's offsets on a topic")
+    g.epilog = ("Examples: pafka groups ROOT; pafka groups ROOT clicks --json; pafka groups "
+                "ROOT clicks --group billing --reset-to earliest; ... --reset-to 1200 "
+                "--partition 0; ... --reset-to-timestamp 1700000000000 --dry-run. Note: "
+                + RESET_NOTE + ".")
+    g.add_argument("root")
+    g.add_argument("topic", nargs="?", help="the topic (all topics when listing without it)")
+    g.add_argument("--group", help="one consumer group (required to reset or delete)")
+    g.add_argument("--json", action="store_true", help="print JSON instead of text")
+    to = g.add_mutually_exclusive_group()
+    to.add_argument("--reset-to", type=_reset_target, metavar="earliest|latest|OFFSET",
+                    help="set the group's committed offsets: each partition's earliest or "
+                         "latest offset, or OFFSET (within each partition's range)")
+    to.add_argument("--reset-to-timestamp", type=_non_negative, metavar="MS",
+                    help="set the group's committed offsets to the first record committed at "
+                         "or after MS (milliseconds since the epoch; latest if none)")
+    to.add_argument("--delete", action="store_true",
+                    help="forget the group's committed offsets on the topic")
+    g.add_argument("--partition", type=_non_negative, action="append", metavar="P",
+                   help="reset only partition P (repeatable); the group's other partitions "
+                        "keep their offsets. Without it every partition is reset")
+    g.add_argument("--dry-run", action="store_true",
+                   help="show what a reset would record, without recording it")
+    g.set_defaults(func=cmd_groups)
+    k = command("check", "verify topics against their commit logs and checksums")
+    k.add_argument("root")
+    k.add_argument("--topic")
+    k.add_argument("--no-verify", action="store_true", help="skip checksums (files only)")
+    k.set_defaults(func=cmd_check)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``pafka`` with ``argv`` (default: the process's arguments); the exit status."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    verbose = bool(getattr(args, "verbose", False))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`pafka describe ... | head -1`): stop quietly, as Python's
+        # docs on SIGPIPE recommend; stdout goes to devnull so the flush at exit cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except (PafkaError, OSError, UnicodeDecodeError) as e:
+        # What the user can act on: a path and what is wrong with it, in one line.
+        log.info("details", exc_info=True)
+        echo(f"pafka: {error_text(e)}", err=True)
+        return 1
+    except Exception as e:
+        # Anything else (a store file the store could not parse, or a bug here): one line,
+        # unless -v asks for the traceback.
+        if verbose:
+            raise
+        echo(f"pafka: {error_text(e)} (pafka -v shows the traceback)", err=True)
+        return 1
+

@@ -1,0 +1,249 @@
+"""Planning a ``pafka`` read on the driver, and executing its plans on executors.
+
+Planning runs on the driver, where the commit log is held and refreshed incrementally; each
+Spark partition carries :class:`~tier_store.ReadPlan` s (files, byte ranges, offsets), so
+executors only map files and slice Arrow batches — they never read the commit log.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
+
+from tier_store import (
+    DataLoss,
+    PafkaError,
+    ReadPlan,
+    SchemaMismatch,
+    Store,
+    Topic,
+    TopicDeleted,
+    execute,
+)
+
+from .handles import store_to_read
+from .offsets import (
+    Offsets,
+    group_offsets,
+    offsets_by_timestamp,
+    resolve_offsets,
+)
+from .options import SourceOptions
+from .types import conform_batch, target_arrow_schema
+
+log = logging.getLogger(__name__)
+
+# Arrow batches handed to Spark hold at most this many rows.
+SPARK_BATCH_ROWS = 65_536
+# Ranges of fewer records than this share Spark partitions, up to this many records each: a
+# task costs a scheduling and a Python worker round trip whatever it reads, and that was
+# most of what a small micro-batch spread over every topic partition cost.
+PACK_RECORDS = 65_536
+
+
+@dataclass
+class PafkaPartition(InputPartition):
+    """One Spark partition: planned offset ranges, each of one topic partition (several
+    only when they are small)."""
+
+    plans: tuple[ReadPlan, ...]
+
+    def __init__(self, *plans: ReadPlan):  # InputPartition's own __init__ takes a value
+        self.plans = plans
+        self.value = None
+
+
+def resolve_topics(store: Store, opts: SourceOptions) -> list[Topic]:
+    """The topics an options set names, checked to share one schema."""
+    if opts.pattern is not None:
+        rx = re.compile(opts.pattern)
+        names = [n for n in store.topics() if rx.fullmatch(n)]
+        if not names:
+            raise PafkaError(f"no topic of {store.root} matches subscribePattern "
+                             f"{opts.pattern!r}; topics: {', '.join(store.topics()) or '(none)'}")
+    else:
+        names = list(opts.topics)
+    topics = [store.topic(n) for n in names]
+    check_same_schema(topics)
+    return topics
+
+
+def check_same_schema(topics: list[Topic]) -> None:
+    """Topics read together share one schema."""
+    first = topics[0]
+    for t in topics[1:]:
+        if not t.schema.equals(first.schema):
+            raise SchemaMismatch(f"topics read together must have equal schemas: {t.name!r} has "
+                                 f"({_describe(t.schema)}), {first.name!r} has "
+                                 f"({_describe(first.schema)})")
+
+
+def _describe(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
+
+
+def read_plan(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool,
+              fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+    """Execute a plan on an executor, adding metadata columns and casting to ``target``."""
+    try:
+        for pb in execute(plan, verify):
+            b = pb.batch
+            if include_metadata:
+                n = b.num_rows
+                cols = b.columns + [
+                    pa.array([plan.topic] * n, pa.string()) if n < 64 else
+                    pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                                   pa.array([plan.topic])).cast(pa.string()),
+                    pa.array(np.full(n, plan.partition, np.int32)),
+                    pa.array(np.arange(pb.offset, pb.offset + n, dtype=np.int64)),
+                    pa.array(np.full(n, pb.timestamp * 1000, np.int64)).cast(
+                        pa.timestamp("us", tz="UTC")),
+                ]
+                b = pa.RecordBatch.from_arrays(cols, names=target.names)
+            b = conform_batch(b, target)
+            # Zero-copy slices of at most SPARK_BATCH_ROWS: a chunk may hold one batch of
+            # hundreds of thousands of rows, which costs the JVM side page faults to take in.
+            for at in range(0, b.num_rows, SPARK_BATCH_ROWS):
+                yield b.slice(at, SPARK_BATCH_ROWS) if b.num_rows > SPARK_BATCH_ROWS else b
+    except DataLoss as e:
+        if fail_on_data_loss:
+            raise
+        log.warning("skipping lost data (failOnDataLoss=false): %s", e)
+
+
+class Planning:
+    """What batch and streaming readers share: options, the store, the topics read, where a
+    read starts, and splitting offset ranges into Spark partitions."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType):
+        self.opts = opts
+        self.schema = schema
+        self.target = target_arrow_schema(schema)
+        self._store: Store | None = None
+        self._topics: dict[str, Topic] = {}
+        # Lost ranges already reported: latestOffset and planning see the same gap.
+        self._reported_losses: set[tuple[str, str, int]] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get a pickled copy: they need the options and schema, not store handles.
+        state = dict(self.__dict__)
+        state["_store"] = None
+        state["_topics"] = {}
+        return state
+
+    @property
+    def store(self) -> Store:
+        """The store read (opened on first use; a read never creates one)."""
+        if self._store is None:
+            self._store = store_to_read(self.opts.root, self.opts.config, shared=False)
+        return self._store
+
+    def topics(self) -> dict[str, Topic]:
+        """The topics read, refreshed; a pattern is re-evaluated (new topics join). A topic
+        deleted since is looked up again: a topic created again under its name is a new
+        incarnation (another :attr:`Topic.id`); a named one that is gone fails naming it."""
+        for name, t in list(self._topics.items()):
+            try:
+                t.refresh()
+            except TopicDeleted:
+                del self._topics[name]
+        if not self._topics or self.opts.pattern is not None or \
+                len(self._topics) < len(self.opts.topics or ()):
+            found = resolve_topics(self.store, self.opts)
+            for t in found:
+                if t.name not in self._topics and self._topics:
+                    check_same_schema([next(iter(self._topics.values())), t])
+                self._topics.setdefault(t.name, t)
+        return dict(sorted(self._topics.items()))
+
+    def resolve(self, spec: Any, default: str, kind: str) -> Offsets:
+        """Offsets for every partition of every topic from a starting/ending spec."""
+        return resolve_offsets(self.topics(), spec, default, kind)
+
+    def starting_offsets(self, default: str) -> Offsets:
+        """Where a read starts: startingTimestamp/startingOffsetsByTimestamp, the consumer
+        group's offsets (startingOffsets=group), or startingOffsets (``default`` unset)."""
+        topics = self.topics()
+        by_time = offsets_by_timestamp(topics, self.opts)
+        if by_time is not None:
+            return by_time
+        if self.opts.starting == "group":
+            group = self.opts.consumer_group
+            assert group is not None  # SourceOptions.parse requires it with startingOffsets=group
+            return group_offsets(topics, group)
+        return resolve_offsets(topics, self.opts.starting, default, "startingOffsets")
+
+    def report_loss(self, name: str, p: str, start: int, earliest: int) -> None:
+        """Log, once per gap, that ``[start, earliest)`` of a partition is skipped."""
+        if (name, p, start) in self._reported_losses:
+            return
+        self._reported_losses.add((name, p, start))
+        log.warning("topic %r partition %s: offsets [%d, %d) were deleted by retention before "
+                    "they were read; skipping to offset %d (failOnDataLoss=false)", name, p,
+                    start, earliest, earliest)
+
+    def plan(self, start: Offsets, end: Offsets) -> list[PafkaPartition]:
+        """Split ``[start, end)`` into Spark partitions of bounded size."""
+        ranges: list[tuple[Topic, int, int, int]] = []
+        topics = self.topics()
+        for name, parts in end.items():
+            t = topics[name]
+            earliest = t.earliest_offsets()
+            for p, e in parts.items():
+                s = start.get(name, {}).get(p, earliest[int(p)])
+                if s < earliest[int(p)]:
+                    if self.opts.fail_on_data_loss:
+                        raise DataLoss(f"topic {name!r} partition {p}: offsets [{s}, "
+                                       f"{earliest[int(p)]}) were deleted by retention before "
+                                       "they were read; set failOnDataLoss=false to skip them")
+                    self.report_loss(name, p, s, earliest[int(p)])
+                    s = earliest[int(p)]
+                if e > s:
+                    ranges.append((t, int(p), s, e))
+        pieces: list[tuple[Topic, int, int, int]] = []
+        cap = self.opts.max_records_per_partition
+        total = sum(e - s for _, _, s, e in ranges)
+        if self.opts.min_partitions and total:
+            cap = min(cap, max(1, -(-total // self.opts.min_partitions)))
+        for t, p, s, e in ranges:
+            n = -(-(e - s) // cap)
+            step = -(-(e - s) // n)
+            for lo in range(s, e, step):
+                pieces.append((t, p, lo, min(e, lo + step)))
+        # minPartitions asks for parallelism: its pieces stay apart however small.
+        pack = 0 if self.opts.min_partitions else min(cap, PACK_RECORDS)
+        out: list[PafkaPartition] = []
+        small: list[ReadPlan] = []
+        small_records = 0
+        for t, p, s, e in pieces:
+            plan = t.plan_read(p, s, e)
+            if e - s >= pack:
+                out.append(PafkaPartition(plan))
+                continue
+            if small_records + e - s > pack:
+                out.append(PafkaPartition(*small))
+                small, small_records = [], 0
+            small.append(plan)
+            small_records += e - s
+        if small:
+            out.append(PafkaPartition(*small))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, PafkaPartition):
+            # A batch read with nothing to read: partitions() returned [] and PySpark planned
+            # one InputPartition(None) in its place.
+            return iter(())
+        return (b for plan in partition.plans
+                for b in read_plan(plan, self.target, self.opts.include_metadata,
+                                   self.opts.verify, self.opts.fail_on_data_loss))
+
+
