@@ -38,8 +38,7 @@ from bench_common import (  # noqa: E402
     positive,
 )
 
-from tier_store import Store  # noqa: E402
-from tier_store import reading as _reading  # noqa: E402
+from tier_store import MAPS, Store  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("value", pa.binary(100))])
@@ -80,7 +79,7 @@ def store_conf(kind: str, fast: str, total_bytes: int) -> dict:
 def read_all(root: str, partitions: int, n: int, verify: bool) -> float:
     """Seconds to read the topic back from a fresh handle with no cached mapping (so that
     neither read reuses the other's maps) and sum its key column."""
-    _reading.MAPS.clear()
+    MAPS.clear()
     reader = Store.open(root).topic("bench")
     t0 = time.perf_counter()
     rows = 0

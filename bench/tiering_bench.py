@@ -6,7 +6,10 @@ Tier 1 is a pmem tier on /dev/shm; tier 2 a file tier on disk **throttled to an 
 bandwidth** (a simulation: this VM's disk writes at about 1.4 GB/s, Pafka's HDD at about
 80 MB/s). The throttle is a token bucket shared by every process of the run through a small
 file under ``flock``, charged for every byte written to tier 2 — by producers when tier 1 is
-full and by the migration service when it moves segments down. It exists only in this script.
+full and by the migration service when it moves segments down. Each process installs it with
+the tier store's hook :func:`tier_store.throttle_tier_writes` on the store's file tiers; the
+service's own cap (``storage.migrate.bytes.per.second``) stays off, so the device alone paces
+the moves.
 
 Producers, a consumer and the migration service are separate processes using the tier
 store's Python API, like Pafka's multi-client benchmark. Throughput is sampled per second
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -58,7 +63,7 @@ MiB = 1 << 20
 RECORD_BYTES = 116  # int64 key, int64 ts, 100-byte value
 CHUNK_ROWS = 32_000  # ≈ 3.7 MB per append at the default scale
 SEGMENT_BYTES = 32 * MiB
-SEGMENT_HEADER = 4096  # tier_store.segment.HEADER_SIZE
+SEGMENT_HEADER = 4096  # tier_store.SEGMENT_HEADER_SIZE
 CHUNK_SLACK = 8192  # per append: the IPC metadata and the alignment of the next chunk
 LEAD_S = 4  # the low rate before the first burst and after the second
 FIGURE = "tiering_burst.png"
@@ -85,36 +90,55 @@ class DeviceThrottle:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         time.sleep(max(0.0, nxt - now))  # the transfer ends when the device gets to it
 
+    def selected(self) -> set[int]:
+        """The tier numbers the selection file (:func:`select_hdd_tiers`) names now."""
+        try:
+            with open(selection_file(self.path)) as f:
+                return {int(n) for n in f.read().split(",") if n.strip()}
+        except FileNotFoundError:
+            return set()
 
-def install_throttle(throttle_file: str, rate: float, slow_tier: int | None) -> None:
-    """Charge every write to tier ``slow_tier`` (None: to every file tier) to the shared
-    bucket (this process only)."""
-    import migration.service as service
-    import tier_store.moves as moves
-    from tier_store.tiers import file as file_tier
+    def charge_if_selected(self, tier: int, nbytes: int) -> None:
+        """Charge ``nbytes`` written to tier ``tier`` if it is selected now."""
+        if tier in self.selected():
+            self(nbytes)
+
+
+def selection_file(throttle_file: str) -> str:
+    """The file naming the tiers that are the simulated HDD now (``follow_selection``)."""
+    return f"{throttle_file}.tiers"
+
+
+def select_hdd_tiers(throttle_file: str, tiers: Iterable[int]) -> None:
+    """Name ``tiers`` as the simulated HDD from now on, in every process that installed the
+    throttle with ``follow_selection`` (before writing to a store whose HDD tiers have other
+    numbers than the last one's)."""
+    tmp = f"{selection_file(throttle_file)}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(",".join(str(n) for n in tiers))
+    os.replace(tmp, selection_file(throttle_file))
+
+
+def hdd_tiers(store) -> list[int]:
+    """The numbers of the store's file tiers (neither a pmem pool nor remote): those the
+    benchmark simulates as an HDD."""
+    return [t.number for t in store.tiers if not t.has_pool and not t.is_remote]
+
+
+def install_throttle(throttle_file: str, rate: float, tiers: Iterable[int],
+                     follow_selection: bool = False) -> DeviceThrottle:
+    """Make tiers ``tiers`` (numbers) the simulated HDD in this process: every write to one —
+    appends, and moves' copies — is charged to the bucket shared through ``throttle_file``
+    (:func:`tier_store.throttle_tier_writes`). With ``follow_selection``, only those of them
+    that :func:`select_hdd_tiers` named last are charged, for processes that write to one
+    store after another whose HDD tiers have different numbers (Spark's Python workers)."""
+    from tier_store import throttle_tier_writes
 
     bucket = DeviceThrottle(throttle_file, rate)
-    original = file_tier.FileSegmentWriter.write_chunk
-
-    def write_chunk(self, pos, chunk):
-        if getattr(self, "slow", False):
-            bucket(chunk.size)
-        return original(self, pos, chunk)
-
-    file_tier.FileSegmentWriter.write_chunk = write_chunk
-    for cls_name in ("create_segment", "open_segment"):
-        orig = getattr(file_tier.FileTier, cls_name)
-
-        def wrapped(self, *a, _orig=orig, **k):
-            w = _orig(self, *a, **k)
-            if w is not None and slow_tier in (None, self.number):
-                w.slow = True
-            return w
-
-        setattr(file_tier.FileTier, cls_name, wrapped)
-    # Moves copy through the service's throttle: make it the device.
-    service.Throttle = lambda rate_cap: bucket
-    _ = moves
+    for n in tiers:
+        throttle_tier_writes(functools.partial(bucket.charge_if_selected, n)
+                             if follow_selection else bucket, n)
+    return bucket
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -155,8 +179,9 @@ def producer(args: argparse.Namespace) -> None:
     import numpy as np
 
     from tier_store import Store
-    install_throttle(args.throttle, args.hdd, args.slow_tier)
-    t = Store.open(args.root).topic("bench")
+    store = Store.open(args.root)
+    install_throttle(args.throttle, args.hdd, hdd_tiers(store))
+    t = store.topic("bench")
     values = np.random.default_rng(args.id).integers(0, 255, args.rows * 100,
                                                      dtype=np.uint8).tobytes()
     batch = _batch(t.schema, args.rows, values)
@@ -221,12 +246,13 @@ class _FirstOfEach(logging.Filter):
 def migrator(args: argparse.Namespace) -> None:
     from migration import MigrationService
     from tier_store import Store
-    install_throttle(args.throttle, args.hdd, args.slow_tier)
+    store = Store.open(args.root)
+    install_throttle(args.throttle, args.hdd, hdd_tiers(store))
     logging.basicConfig(level=logging.WARNING, format="migration service: %(message)s")
     once = _FirstOfEach()
     for h in logging.getLogger().handlers:
         h.addFilter(once)
-    svc = MigrationService(Store.open(args.root))
+    svc = MigrationService(store)
     end = wait_go(args.go, "migrator") + args.seconds
     while time.time() < end:
         svc.run_once()
@@ -256,8 +282,10 @@ def chunk_rows(seg: int) -> int:
 
 def store_conf(tiered: bool, fast: str, conf_extra: dict) -> tuple[dict, int]:
     """The store configuration of a run and the number of its throttled (HDD) tier.
-    ``log.cleanup.grace.ms`` stays at its default."""
-    conf = {"log.segment.bytes": "32m", "storage.migrate.interval.ms": 200, **conf_extra}
+    ``log.cleanup.grace.ms`` stays at its default; the service's own copy cap is off, so
+    that the simulated device alone paces the moves."""
+    conf = {"log.segment.bytes": "32m", "storage.migrate.interval.ms": 200,
+            "storage.migrate.bytes.per.second": 0, **conf_extra}
     if tiered:
         conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
                      "storage.tiers.first.paths": fast, "log.pmem.pool.ratio": 1.0})
@@ -344,6 +372,8 @@ def run_scenario(name: str, tiered: bool, schedule: list, producers: int, hdd: f
     procs: dict[str, subprocess.Popen] = {}
     try:
         s = Store.open(root, conf)
+        if hdd_tiers(s) != [slow]:  # what the processes throttle, from the store's tiers
+            raise fail(f"{label}: the store's file tiers are {hdd_tiers(s)}, not [{slow}]")
         rows = chunk_rows(s.config["log.segment.bytes"])
         t = s.create_topic("bench", _schema(), partitions=producers)
         if prefill:
@@ -353,7 +383,7 @@ def run_scenario(name: str, tiered: bool, schedule: list, producers: int, hdd: f
         seconds = sum(d for d, _ in schedule)
         go = os.path.join(base, f"go-{uuid.uuid4().hex[:6]}")
         common = ["--root", root, "--throttle", throttle, "--hdd", str(hdd),
-                  "--slow-tier", str(slow), "--seconds", str(seconds + 2), "--go", go]
+                  "--seconds", str(seconds + 2), "--go", go]
         logs = []
         for i in range(producers):
             log = os.path.join(base, f"{name}-{i}-{uuid.uuid4().hex[:6]}.log")
@@ -700,7 +730,6 @@ if __name__ == "__main__":
         for opt in ("--root", "--throttle", "--schedule", "--log", "--go"):
             ap.add_argument(opt)
         ap.add_argument("--hdd", type=float)
-        ap.add_argument("--slow-tier", type=int)
         ap.add_argument("--seconds", type=float)
         ap.add_argument("--id", type=int, default=0)
         ap.add_argument("--rows", type=int, default=CHUNK_ROWS)

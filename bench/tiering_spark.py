@@ -6,9 +6,12 @@ store on the (simulated) HDD alone.
 The burst scenario of ``bench/tiering_bench.py`` with Spark as the producer: tier 1 is a pmem
 tier on /dev/shm prefilled to its threshold (Pafka's balanced state), tier 2 a file tier on
 disk throttled to an HDD's bandwidth. The throttle is the benchmark's token bucket, installed
-in Spark's Python workers through ``bench/spark_site/sitecustomize.py`` (Spark passes
-``PYTHONPATH`` on to them) and in this driver, where ``pafka_source.start_migration`` runs the
-migration service beside the query. Each round writes the same cached DataFrame with
+with the tier store's hook ``tier_store.throttle_tier_writes`` in Spark's Python workers through
+``bench/spark_site/sitecustomize.py`` (Spark passes ``PYTHONPATH`` on to them) and in this
+driver, where ``pafka_source.start_migration`` runs the migration service beside the query.
+The two stores' HDD tiers have different numbers (2 beside pmem, 1 alone): before each store
+is written the driver names its file tiers in the bucket's selection file, which every process
+follows. Each round writes the same cached DataFrame with
 ``df.write.format("pafka")`` to a fresh tiered store and to a fresh HDD-only store, reads the
 burst back with ``spark.read.format("pafka")`` (every row, exactly once) after, for the tiered
 store, waiting until the migration has brought tier 1 back under its threshold (so the read
@@ -62,27 +65,34 @@ def main() -> None:
     args = ap.parse_args()
     output = Output(args)
 
+    from tiering_bench import (
+        chunk_rows,
+        hdd_tiers,
+        install_throttle,
+        prefill_topic,
+        segment_bytes,
+        select_hdd_tiers,
+        store_conf,
+    )
+
     base = os.path.join(HERE, "data", f"tiering-spark-{uuid.uuid4().hex[:6]}")
     os.makedirs(base)
     bucket = os.path.join(base, "hdd-bucket")
+    # Every tier number that is the HDD in one of the stores: the selection file says which
+    # is being written.
+    candidates = sorted({store_conf(tiered, "", {})[1] for tiered in (True, False)})
     # Before Spark starts: its JVM and Python workers inherit this environment.
-    os.environ["PAFKA_BENCH_HDD"] = f"{bucket}:{args.hdd}"
+    os.environ["PAFKA_BENCH_HDD"] = f"{bucket}:{args.hdd}:{','.join(map(str, candidates))}"
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.join(HERE, "spark_site"), ROOT, os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     import spark_bench
-    from tiering_bench import (
-        chunk_rows,
-        install_throttle,
-        prefill_topic,
-        segment_bytes,
-        store_conf,
-    )
 
     import pafka_source
     from tier_store import Store
-    install_throttle(bucket, args.hdd, None)  # the migration thread runs in this process
+    # The migration thread (and the prefill) run in this process.
+    install_throttle(bucket, args.hdd, candidates, follow_selection=True)
 
     spark = spark_bench.make_session()
     shm_dirs: list[str] = []
@@ -105,6 +115,7 @@ def main() -> None:
                     "storage.tiers.first.sizes": str(c1), "storage.migrate.threshold": threshold,
                     "log.segment.bytes": str(seg)})
                 store = Store.open(root, conf)
+                select_hdd_tiers(bucket, hdd_tiers(store))
                 topic = store.create_topic("bench", spark_bench.topic_schema(), partitions=4)
                 prefill_topic(topic, int(threshold * c1), chunk_rows(seg))
                 start = {str(p): o for p, o in topic.latest_offsets().items()}

@@ -19,7 +19,8 @@ Each run:
    them), then **promotions**, the fastest target tier first; promotions to a pmem tier
    beyond its free pool files wait for a later run (newest first). Each phase uses
    ``storage.migrate.threads`` threads within ``storage.migrate.bytes.per.second``.
-5. Reclaim again, and record counters in ``<root>/_migration.json``.
+5. Reclaim again, and add the run to the store's totals
+   (:meth:`tier_store.Store.save_migration_totals`, shown by ``pafka tiers``).
 
 A segment whose file cannot be read (gone with a tier on RAM after a reboot, or corrupt)
 affects only itself: its move is skipped with a warning naming it, it is not planned again for
@@ -30,74 +31,38 @@ other segment still migrates. A merge holding such a segment moves its others on
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from tier_store import (
     CommitConflict,
     CorruptSegment,
     DataLoss,
+    MoveResult,
+    OldCopyInGrace,
     PafkaError,
     SegmentId,
     Store,
     StoreFull,
+    seal_idle,
 )
-from tier_store.layout import write_atomic
-from tier_store.moves import MoveResult, OldCopyInGrace, seal_idle
-from tier_store.segment import CHUNK_ALIGN, HEADER_SIZE
 
 from .policy import Move, SegmentView, TierView, plan_moves
+from .stats import MigrationStats, read_stats, save_run
+from .throttle import Throttle
+
+__all__ = ["FAILED_RETRY_MAX_S", "FAILED_RETRY_S", "MigrationService", "MigrationStats",
+           "Throttle", "read_stats", "store_views"]
 
 log = logging.getLogger(__name__)
 
-STATS_FILE = "_migration.json"
 # A segment whose file cannot be read is planned again only after this many seconds, doubled
 # on each further failure up to FAILED_RETRY_MAX_S (a missing file rarely comes back).
 FAILED_RETRY_S = 60.0
 FAILED_RETRY_MAX_S = 3600.0
-
-
-@dataclass
-class MigrationStats:
-    """Counters of one service (and, in the stats file, the totals of every run)."""
-
-    runs: int = 0
-    segments_down: int = 0
-    segments_up: int = 0
-    bytes_down: int = 0
-    bytes_up: int = 0
-    merged_segments: int = 0
-    sealed_idle: int = 0
-    segments_deleted: int = 0  # by retention
-    failed_moves: int = 0
-    last_run_ms: int = 0
-    tiers: list[dict[str, Any]] = field(default_factory=list)
-
-
-class Throttle:
-    """A token bucket shared by the copying threads: ``rate`` bytes per second, 0 = none."""
-
-    def __init__(self, rate: int):
-        self.rate = rate
-        self._lock = threading.Lock()
-        self._next = time.monotonic()
-
-    def __call__(self, nbytes: int) -> None:
-        if self.rate <= 0:
-            return
-        with self._lock:
-            now = time.monotonic()
-            self._next = max(self._next, now) + nbytes / self.rate
-            wait = self._next - now
-        if wait > 0:
-            time.sleep(wait)
 
 
 def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
@@ -109,16 +74,15 @@ def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
     for name in store.topics():
         for s in store.topic(name).segments():
             # A segment with chunks a writer may still commit waits: moving it would make
-            # that commit fail. Its file needs at most a header and each chunk aligned.
-            file_bytes = HEADER_SIZE + s.bytes + s.chunks * (CHUNK_ALIGN - 1)
+            # that commit fail.
             segs.append(SegmentView(name, s.id, s.partition, SegmentId.parse(s.id).seq, s.tier,
                                     s.bytes, s.last_timestamp, s.sealed and s.settled,
-                                    file_bytes))
+                                    s.file_bytes))
     tiers = []
     seg_bytes = store.config["log.segment.bytes"]
     for u in store.tier_usage():
         on_tier = [s for s in segs if s.tier == u["tier"]]
-        if "pool_files" in u:
+        if store.tier(u["tier"]).has_pool:
             # pmem: capacity is the pool; usage the pool files of live segments (a file whose
             # segment moved away is leaving: it returns to the pool after the grace period).
             tiers.append(TierView(u["tier"], u["pool_files"] * seg_bytes,
@@ -148,6 +112,8 @@ class MigrationService:
 
     # -- configuration ----------------------------------------------------------------------
     def band(self) -> tuple[float, float]:
+        """The (low, high) fill band of ``storage.migrate.threshold[.low/.high]``;
+        (-1, -1) when migration is disabled."""
         c = self.store.config
         t = c["storage.migrate.threshold"]
         if t == -1:
@@ -163,6 +129,7 @@ class MigrationService:
 
     # -- one run ----------------------------------------------------------------------------
     def plan(self) -> list[Move]:
+        """The moves the policy makes now, leaving out segments waiting out a back-off."""
         low, high = self.band()
         segs, tiers = store_views(self.store)
         now = time.monotonic()
@@ -215,7 +182,7 @@ class MigrationService:
                 # pins them).
                 self._collect_garbage()
                 free = {u["tier"]: u["pool_free"] for u in self.store.tier_usage()
-                        if "pool_free" in u}
+                        if self.store.tier(u["tier"]).has_pool}
                 for target in sorted({m.target for m in ups}):
                     batch = [m for m in ups if m.target == target]  # newest first
                     if target in free and len(batch) > free[target]:
@@ -270,7 +237,7 @@ class MigrationService:
         self.stats.runs += 1
         self.stats.last_run_ms = int(time.time() * 1000)
         self.stats.tiers = self.store.tier_usage()
-        self._save_stats(done, deleted)
+        save_run(self.store, done, deleted, self.stats.last_run_ms)
 
     def _follow_relocation(self) -> None:
         """After ``pafka relocate`` moved a tier, this handle's writes to the old place would
@@ -310,13 +277,7 @@ class MigrationService:
                 self.stats.failed_moves += 1
             for r in rs:
                 done.append(r)
-                if r.to_tier > min(r.from_tiers):
-                    self.stats.segments_down += len(r.sources)
-                    self.stats.bytes_down += r.bytes
-                    self.stats.merged_segments += len(r.sources) - 1
-                else:
-                    self.stats.segments_up += len(r.sources)
-                    self.stats.bytes_up += r.bytes
+                self.stats.count(r)
                 if self._on_move is not None:
                     self._on_move(r)
         return done
@@ -367,24 +328,6 @@ class MigrationService:
             self._unreadable[key] = (time.monotonic() + backoff, backoff)
         return backoff
 
-    def _save_stats(self, done: list[MoveResult], deleted: int = 0) -> None:
-        """Add this run to the totals in ``<root>/_migration.json`` (read by the CLI)."""
-        path = os.path.join(self.store.root, STATS_FILE)
-        try:
-            with open(path, "rb") as f:
-                totals = json.loads(f.read())
-        except (FileNotFoundError, ValueError):
-            totals = {}
-        for r in done:
-            key = "down" if r.to_tier > min(r.from_tiers) else "up"
-            totals[f"segments_{key}"] = totals.get(f"segments_{key}", 0) + len(r.sources)
-            totals[f"bytes_{key}"] = totals.get(f"bytes_{key}", 0) + r.bytes
-        totals["segments_deleted"] = totals.get("segments_deleted", 0) + deleted
-        totals["runs"] = totals.get("runs", 0) + 1
-        totals["last_run_ms"] = self.stats.last_run_ms
-        totals["last_moves"] = [asdict(r) for r in done[-20:]]
-        write_atomic(path, json.dumps(totals, indent=1).encode())
-
     # -- schedule ---------------------------------------------------------------------------
     def start(self) -> MigrationService:
         """Run the policy every ``storage.migrate.interval.ms`` in a daemon thread."""
@@ -426,11 +369,3 @@ class MigrationService:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def read_stats(root: str) -> dict[str, Any]:
-    """The totals the services of a store recorded (empty if none ran)."""
-    try:
-        with open(os.path.join(root, STATS_FILE), "rb") as f:
-            return json.loads(f.read())
-    except (FileNotFoundError, ValueError):
-        return {}

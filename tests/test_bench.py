@@ -120,3 +120,36 @@ def test_degenerate_measurements_stop_the_run(value):
     with pytest.raises(SystemExit) as e:
         bench_common.positive(value, "some time")
     assert "some time" in str(e.value.code)
+
+
+def test_the_simulated_hdd_charges_the_file_tiers_named_for_the_store_written(
+        tmp_path, shm_dir, monkeypatch):
+    """``install_throttle`` goes through ``tier_store.throttle_tier_writes``: a process
+    following the selection (Spark's workers) charges the file tier of the store being
+    written, whichever its number, and never the pmem tier."""
+    import tiering_bench as tb
+
+    from tier_store import Store, throttle_tier_writes
+
+    from .conftest import SCHEMA, make_batch
+    charged: list[int] = []
+    monkeypatch.setattr(tb.DeviceThrottle, "__call__", lambda self, n: charged.append(n))
+    small = {"log.segment.bytes": "64k", "storage.tiers.first.sizes": "1m"}
+    tiered_conf, tiered_hdd = tb.store_conf(True, shm_dir, small)
+    alone_conf, alone_hdd = tb.store_conf(False, "", small)
+    bucket = str(tmp_path / "bucket")
+    try:
+        tb.install_throttle(bucket, 1e9, [tiered_hdd, alone_hdd], follow_selection=True)
+        for name, conf, hdd, charges in (("tiered", tiered_conf, [2], False),
+                                         ("alone", alone_conf, [1], True)):
+            with Store.open(tmp_path / name, conf) as s:
+                assert tb.hdd_tiers(s) == hdd
+                tb.select_hdd_tiers(bucket, tb.hdd_tiers(s))
+                t = s.create_topic("t", SCHEMA)
+                t.append(make_batch(0, 100))
+                assert [x.tier for x in t.segments()] == [1]
+                assert charged == ([x.bytes for x in t.segments()] if charges else [])
+                charged.clear()
+    finally:
+        for n in (1, 2):
+            throttle_tier_writes(None, n)

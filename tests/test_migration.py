@@ -17,14 +17,12 @@ from tier_store.entries import ConfigEntry
 from tier_store.layout import log_dir
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+from .support import open_pmem_hdd
 
 
 def _store(tmp_path, shm_dir, **extra):
-    return Store.open(tmp_path / "store", {
-        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
-        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, "log.cleanup.grace.ms": 0,
-        "storage.migrate.threshold": 0.5, **extra})
+    return open_pmem_hdd(tmp_path, shm_dir, **{
+        "log.cleanup.grace.ms": 0, "storage.migrate.threshold": 0.5, **extra})
 
 
 def test_service_demotes_above_threshold_and_reads_stay_exact(tmp_path, shm_dir):

@@ -26,6 +26,7 @@ import errno
 import mmap
 import os
 import threading
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -142,12 +143,21 @@ def _scratch_buffer(size: int) -> memoryview:
     return buf.view
 
 
-class FileSegmentWriter(SegmentWriter):
-    """Appends to a segment file with pwritev (or O_DIRECT); durable with fdatasync."""
+def no_charge(nbytes: int) -> None:
+    """The charge of a writer made without its tier's throttle: nothing."""
 
-    def __init__(self, path: str, capacity: int, direct_bytes: int = 0):
+
+class FileSegmentWriter(SegmentWriter):
+    """Appends to a segment file with pwritev (or O_DIRECT); durable with fdatasync.
+
+    ``charge(nbytes)`` is called before each chunk is written: its tier's
+    :meth:`~tier_store.tiers.base.Tier.charge_write`, which may sleep (a throttled tier)."""
+
+    def __init__(self, path: str, capacity: int, direct_bytes: int = 0,
+                 charge: Callable[[int], None] = no_charge):
         self.path = path
         self._capacity = capacity
+        self._charge = charge
         self._fd = os.open(path, os.O_RDWR)
         self._direct_bytes = direct_bytes if hasattr(os, "O_DIRECT") else 0
         self._dfd = -1
@@ -171,6 +181,10 @@ class FileSegmentWriter(SegmentWriter):
         return self._dfd
 
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
+        self._charge(chunk.size)
+        return self._write(pos, chunk)
+
+    def _write(self, pos: int, chunk: EncodedChunk) -> int:
         if (self._direct_bytes and chunk.size >= self._direct_bytes
                 and pos % BLOCK + chunk.size > BLOCK and self._direct_fd() >= 0):
             return self._write_direct(pos, chunk)
@@ -206,7 +220,7 @@ class FileSegmentWriter(SegmentWriter):
                 raise
             # Refused after all (alignment rules stricter than BLOCK): use the page cache.
             self._direct_bytes = 0
-            return self.write_chunk(pos, chunk)
+            return self._write(pos, chunk)
         crash_point("chunk.flushed")
         return crc
 
@@ -274,7 +288,7 @@ class FileTier(Tier):
             finally:
                 os.close(fd)
             w = FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
-                                  self.direct_bytes)
+                                  self.direct_bytes, self.charge_write)
         finally:
             if w is None and not durable:
                 # No writer will sync the new directories' entries, and a later segment in
@@ -292,7 +306,7 @@ class FileTier(Tier):
         return w
 
     def open_segment(self, path: str) -> SegmentWriter:
-        w = FileSegmentWriter(path, self.segment_bytes, self.direct_bytes)
+        w = FileSegmentWriter(path, self.segment_bytes, self.direct_bytes, self.charge_write)
         end = w.header().end
         if end > self.segment_bytes:  # a segment made for one oversized chunk
             w._capacity = end

@@ -43,23 +43,34 @@ from ..layout import (
 from ..segment import END_OFFSET, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
 from . import libpmem
 from .base import SegmentWriter, Tier, new_header
-from .file import write_halves
+from .file import no_charge, write_halves
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(4 * 1024 * 1024)
 
 
 class PmemSegmentWriter(SegmentWriter):
-    """Writes chunks straight into a libpmem mapping of a pre-sized segment file."""
+    """Writes chunks straight into a libpmem mapping of a pre-sized segment file.
 
-    def __init__(self, path: str):
+    ``charge(nbytes)`` is called before each chunk is written: its tier's
+    :meth:`~tier_store.tiers.base.Tier.charge_write`, which may sleep (a throttled tier)."""
+
+    def __init__(self, path: str, charge: Callable[[int], None] = no_charge):
         self.path = path
+        self._charge = charge
         self._map = libpmem.PmemMapping.open(path)
         self._dirty: tuple[int, int] | None = None  # chunk bytes written, not yet flushed
         self._end_dirty = False
         self._seal_dirty = False
         # Gathering writes where the mapping is not PMem go through an fd of the same file.
         self._fd = -1 if self._map.is_pmem else os.open(path, os.O_RDWR)
+
+    @property
+    def mapping(self) -> libpmem.PmemMapping:
+        """The libpmem mapping of the whole file (read-only attribute): a move writes its
+        copy through it, flushing what it wrote with ``mapping.flush``. Valid until
+        :meth:`close`."""
+        return self._map
 
     def header(self) -> SegmentHeader:
         return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
@@ -68,6 +79,7 @@ class PmemSegmentWriter(SegmentWriter):
         return self._map.length
 
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
+        self._charge(chunk.size)
         if not self._map.is_pmem:
             return self._write_gathered(pos, chunk)
         self._map.populate(pos, chunk.size)
@@ -366,7 +378,7 @@ class PmemTier(Tier):
         return w
 
     def open_segment(self, path: str) -> SegmentWriter:
-        return PmemSegmentWriter(path)
+        return PmemSegmentWriter(path, self.charge_write)
 
     def take_pool_file(self, path: str, durable: bool = True) -> PmemSegmentWriter | None:
         """Rename a free pool file to ``path`` and map it; None when the pool is empty.
@@ -376,7 +388,7 @@ class PmemTier(Tier):
                 os.rename(os.path.join(self.pool_dir, name), path)
             except FileNotFoundError:
                 continue  # another process took it first
-            w = PmemSegmentWriter(path)
+            w = PmemSegmentWriter(path, self.charge_write)
             if durable:
                 fsync_dir(self.pool_dir)
                 fsync_dir(os.path.dirname(path))

@@ -104,7 +104,9 @@ class RemoteTier(Tier):
         return self.fs.exists(path)
 
     def write_whole(self, path: str, data: pa.Buffer) -> None:
-        """Write a whole segment; durable on return (the move entry naming it comes next)."""
+        """Write a whole segment; durable on return (the move entry naming it comes next).
+        Charged to the tier's throttle (:meth:`charge_write`) first."""
+        self.charge_write(len(data))
         if self._on_local_fs:
             local = self.fs._strip_protocol(path)
             d = os.path.dirname(local)
