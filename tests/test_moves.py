@@ -19,21 +19,16 @@ from tier_store import (
 )
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+from .support import fill, open_pmem_hdd
 
 
 def _tiered(tmp_path, shm_dir, **extra):
-    return Store.open(tmp_path / "store", {
-        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
-        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, "log.cleanup.grace.ms": 0,
-        **extra})
+    return open_pmem_hdd(tmp_path, shm_dir, **{
+        "storage.tiers.first.sizes": "2m", "log.cleanup.grace.ms": 0, **extra})
 
 
 def _fill(store, n=40, per=200):
-    t = store.create_topic("t", SCHEMA)
-    for i in range(n):
-        t.append(make_batch(i * per, per))
-    return t
+    return fill(store, n, per)
 
 
 def test_moving_a_sealed_segment_down_keeps_offsets_and_content(tmp_path, shm_dir):
@@ -349,7 +344,7 @@ def _not_adopted_because(caplog):
 
 
 def test_an_old_copy_with_a_damaged_byte_is_not_re_adopted(tmp_path, shm_dir, caplog):
-    caplog.set_level(logging.DEBUG, logger="tier_store.moves")
+    caplog.set_level(logging.DEBUG, logger="tier_store.maintenance.adopt")
     s = _default_grace(tmp_path, shm_dir)
     t = _fill(s)
     want = read_all(t, 0)
@@ -376,7 +371,7 @@ def test_an_old_copy_with_a_damaged_byte_is_not_re_adopted(tmp_path, shm_dir, ca
 
 
 def test_an_old_copy_laid_out_otherwise_or_locked_is_not_re_adopted(tmp_path, shm_dir, caplog):
-    caplog.set_level(logging.DEBUG, logger="tier_store.moves")
+    caplog.set_level(logging.DEBUG, logger="tier_store.maintenance.adopt")
     s = _default_grace(tmp_path, shm_dir)
     t = _fill(s)
     want = read_all(t, 0)

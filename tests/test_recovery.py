@@ -9,7 +9,7 @@ from tier_store.commit_log import CommitLog
 from tier_store.layout import checkpoint_name, log_dir
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
-from .test_topic import _record_fsyncs
+from .support import record_fsyncs as _record_fsyncs
 
 
 def _store(tmp_path):
@@ -144,7 +144,7 @@ def test_a_checkpoint_failing_after_a_published_commit_is_logged_not_raised(tmp_
     # broken or full file system.
     pointer = os.path.join(log_dir(s.root, "t"), "_last_checkpoint")
     os.makedirs(os.path.join(pointer, "obstacle"))
-    with caplog.at_level(logging.WARNING, logger="tier_store.topic"):
+    with caplog.at_level(logging.WARNING, logger="tier_store.maintenance.housekeeping"):
         results = t.append(make_batch(10, 10), partition=0)  # version 2, then the checkpoint
     assert [(r.partition, r.base_offset, r.records, r.version) for r in results] == \
         [(0, 10, 10, 2)]

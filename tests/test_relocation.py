@@ -21,6 +21,7 @@ from tier_store.entries import PositionEntry
 from tier_store.layout import log_dir
 
 from .conftest import ROOT, SCHEMA, make_batch, read_all
+from .support import pmem_hdd_config
 
 
 def _fill(root, config=None, rows=(0, 10)):
@@ -92,9 +93,7 @@ def test_relative_tier_paths_given_are_relative_to_the_working_directory(tmp_pat
 
 
 def _outside(tmp_path, shm_dir):
-    return {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
-            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0}
+    return pmem_hdd_config(shm_dir)
 
 
 def test_a_copy_of_a_store_with_a_tier_outside_its_root_is_refused(tmp_path, shm_dir):
@@ -523,35 +522,14 @@ def test_a_tier_directory_the_store_was_not_made_with_is_refused(tmp_path, shm_d
         read_all(s.topic("t"), 0)
 
 
-def _as_old_release(root, tier):
-    """Make the store at ``root`` look made by a release without ids and hosts."""
-    saved = json.loads((root / "_store.json").read_text())
-    del saved["id"]
-    (root / "_store.json").write_text(json.dumps(saved))
-    (Path(tier) / "_pafka_store").write_text(json.dumps({"store": None, "root": str(root)}))
-
-
-def test_a_store_of_an_older_release_gets_an_id_and_is_never_taken_for_another(tmp_path,
-                                                                             shm_dir):
+def test_a_store_file_without_an_id_is_refused_naming_the_file(tmp_path, shm_dir):
     a_tier, _ = _pmem_store(tmp_path, shm_dir)
-    _as_old_release(tmp_path / "a", a_tier)
-    with Store.open(tmp_path / "a") as s:
-        assert s.id is not None and read_all(s.topic("t"), 0) == list(range(3000))
     saved = json.loads((tmp_path / "a" / "_store.json").read_text())
-    owner = json.loads((a_tier / "_pafka_store").read_text())
-    assert owner == {"store": saved["id"], "root": str(tmp_path / "a"),
-                     "host": socket.gethostname()}
-    # Two old stores had one id, None: a store made where a moved one was took its tier.
-    _as_old_release(tmp_path / "a", a_tier)
-    os.rename(tmp_path / "a", tmp_path / "a2")
-    with pytest.raises(ConfigError, match="holds segments of the store that was at"):
-        Store.open(tmp_path / "a", _pmem_at(a_tier))
-    # The moved one cannot be told from another store either: it takes its tier explicitly.
-    with pytest.raises(ConfigError, match=f"pafka relocate {tmp_path / 'a2'} 1 DIR"):
-        Store.open(tmp_path / "a2")
-    relocate_tier(tmp_path / "a2", 1, str(a_tier))
-    with Store.open(tmp_path / "a2") as s:
-        assert read_all(s.topic("t"), 0) == list(range(3000))
+    del saved["id"]
+    (tmp_path / "a" / "_store.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'a' / '_store.json'} is damaged: .*"
+                                          "id is missing"):
+        Store.open(tmp_path / "a")
 
 
 def test_processes_creating_one_store_at_once_agree(tmp_path, shm_dir):
@@ -587,17 +565,6 @@ def test_a_store_s_own_claim_is_kept_when_the_host_is_renamed(tmp_path, shm_dir)
     """)], capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PAFKA_HOST_ID="pod-2"))
     assert r.returncode == 0, r.stderr
     assert json.loads(marker.read_text())["host"] == "pod-2"
-
-
-def test_an_old_release_store_whose_tier_is_missing_is_refused_not_made_again(tmp_path,
-                                                                             shm_dir):
-    a_tier, _ = _pmem_store(tmp_path, shm_dir)
-    _as_old_release(tmp_path / "a", a_tier)
-    os.rename(a_tier, Path(shm_dir, "elsewhere"))
-    with pytest.raises(ConfigError, match="is missing"):
-        Store.open(tmp_path / "a")
-    assert not a_tier.exists()
-    assert "id" not in json.loads((tmp_path / "a" / "_store.json").read_text())
 
 
 def test_claims_above_a_tier_block_only_while_their_store_exists(tmp_path, shm_dir):

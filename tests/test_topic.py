@@ -18,6 +18,8 @@ from tier_store import (
 from tier_store.layout import log_dir
 
 from .conftest import SCHEMA, make_batch, read_all
+from .support import pmem_hdd_config
+from .support import record_fsyncs as _record_fsyncs
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "", ".", "..", "x" * 250, "sp ace", "_log"])
@@ -383,8 +385,8 @@ def test_deleted_segment_files_are_reclaimed_only_after_the_grace_period(tmp_pat
     assert s.collect_garbage(t) == 0  # still inside the grace period
     import time
 
-    from tier_store.garbage import collect_garbage
-    assert collect_garbage(s, t, now=time.time() + 7200) >= len(paths)
+    from tier_store.maintenance.garbage import collect_garbage
+    assert collect_garbage(t, now=time.time() + 7200) >= len(paths)
     assert not any(os.path.exists(p) for p in paths)
     assert read_all(t, 0, t.earliest_offsets()[0])[-1] == 11999
 
@@ -517,26 +519,11 @@ def test_segment_older_than_segment_ms_is_rolled_on_the_next_append(tmp_path):
     assert read_all(t, 0) == list(range(30))
 
 
-def _record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
-    """(thread name, path) of every fsync and fdatasync from now on; each still runs."""
-    calls: list[tuple[str, str]] = []
-    for name in ("fsync", "fdatasync"):
-        real = getattr(os, name)
-
-        def recording(fd, real=real):
-            calls.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
-            return real(fd)
-        monkeypatch.setattr(os, name, recording)
-    return calls
-
-
 def _store_of_kind(kind: str, tmp_path, shm_dir) -> Store:
     """A store of 64 KiB segments on a file tier, or on a pmem tier of 32 pool files."""
     conf = {"log.segment.bytes": "64k"}
     if kind == "pmem":
-        conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-                     "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "2m",
-                     "log.pmem.pool.ratio": 1.0})
+        conf.update(pmem_hdd_config(shm_dir, **{"storage.tiers.first.sizes": "2m"}))
     return Store.open(str(tmp_path / "s"), conf)
 
 

@@ -33,11 +33,13 @@ from .errors import (
 from .hashing import hash_keys, partition_of
 from .ids import SegmentId
 from .layout import STORE_FILE, check_topic_name
-from .moves import MoveResult, OldCopyInGrace, seal_idle
-from .reading import MAPS, PlannedChunk, ReadPlan, execute
+from .maintenance.check import CheckReport, check_topic
+from .maintenance.idle import seal_idle
+from .maintenance.moves import MoveResult, OldCopyInGrace
+from .ownership import Relocation, relocate_tier
+from .pins import MAPS
+from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
-from .recovery import CheckReport, check_topic
-from .relocate import Relocation, relocate_tier
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .store import Store

@@ -14,232 +14,53 @@ directory has moved. Keys declared ``changeable`` may differ per open.
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config_keys import (
+    CHANNEL_TYPES,
+    COMPRESSION_TYPES,
+    KEYS,
+    TIER_TYPES,
+    ConfigKey,
+    GiB,
+    KiB,
+    MiB,
+    parse_size,
+)
 from .errors import ConfigError
 from .layout import is_url
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
-
-_SIZE_RE = re.compile(r"^\s*(-?\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
-
-TIER_TYPES = ("PMEM", "NVME", "SSD", "HDD", "FILE", "REMOTE")
-CHANNEL_TYPES = ("file", "pmem", "tiered")
-COMPRESSION_TYPES = ("none", "lz4", "zstd")
-
-
-def parse_size(text: str) -> int:
-    """Parse ``1073741824``, ``512m``, ``1GiB`` (binary units) into bytes."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(text)
-    unit = (m.group(2) or "").lower()[:1]
-    return int(m.group(1)) * _SIZE_UNITS[unit]
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    """One declared configuration key."""
-
-    name: str
-    kind: str  # int | size | float | enum | list | path
-    default: Any
-    doc: str
-    changeable: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] = ()
-    special: tuple[Any, ...] = ()  # values allowed outside [minimum, maximum], e.g. -1
-    check: Callable[[Any], str | None] | None = field(default=None, compare=False)
-    # A rule the value must also meet that the range cannot say (checked elsewhere), so
-    # that allowed() describes everything a value is checked against.
-    note: str = ""
-
-    def allowed(self) -> str:
-        """Describe the allowed values, for errors and docs: everything parse() accepts."""
-        if self.kind == "enum":
-            text = "one of " + ", ".join(self.choices)
-        elif self.kind == "list":
-            text = "a comma-separated list of " + ", ".join(self.choices)
-        elif self.kind == "path":
-            text = "a directory path (a REMOTE tier: an fsspec URL), without commas"
-        elif self.kind == "float" and self.minimum is not None and self.maximum is not None:
-            text = f"a number in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]"
-        else:
-            what = {"int": "an integer",
-                    "size": "a size in bytes (suffixes k, m, g, t: KiB, MiB, GiB, TiB)",
-                    "float": "a number"}[self.kind]
-            parts = []
-            if self.minimum is not None:
-                parts.append(f">= {_fmt(self.minimum)}")
-            if self.maximum is not None:
-                parts.append(f"<= {_fmt(self.maximum)}")
-            text = what + (" " + " and ".join(parts) if parts else "")
-        if self.note:
-            text += f" ({self.note})"
-        if self.default is None or (self.kind == "path" and self.default == ""):
-            text += ", or empty"
-        if self.special:
-            text += ", or " + " or ".join(_fmt(s) for s in self.special)
-        return text
-
-    def parse(self, value: Any) -> Any:
-        """Convert ``value`` (a string from a file or a Python value) and check its range."""
-        if self.default is None and (value is None or str(value).strip() == ""):
-            return None  # an optional key left empty
-        try:
-            parsed = self._convert(value)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"invalid value {value!r} for {self.name}: expected {self.allowed()}"
-            ) from None
-        out_of_range = (self.minimum is not None and parsed < self.minimum) or (
-            self.maximum is not None and parsed > self.maximum)
-        if self.kind in ("int", "size", "float") and parsed not in self.special and out_of_range:
-            raise ConfigError(
-                f"value {value!r} for {self.name} is out of range: expected {self.allowed()}"
-            )
-        if self.check is not None and (problem := self.check(parsed)):
-            raise ConfigError(f"invalid value {value!r} for {self.name}: {problem}")
-        return parsed
-
-    def _convert(self, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise TypeError(value)
-        if self.kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(str(value).strip()) if isinstance(value, str) else int(value)
-        if self.kind == "size":
-            if isinstance(value, str):
-                return parse_size(value)
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
-        if self.kind == "float":
-            parsed = float(value)
-            if not math.isfinite(parsed):  # nan would pass every range check
-                raise ValueError(value)
-            return parsed
-        if self.kind == "enum":
-            text = str(value).strip().lower()
-            if text not in self.choices:
-                raise ValueError(value)
-            return text
-        if self.kind == "list":
-            items = value if isinstance(value, list | tuple) else str(value).split(",")
-            out = tuple(str(v).strip().upper() for v in items if str(v).strip())
-            if not out or any(v not in self.choices for v in out):
-                raise ValueError(value)
-            return out
-        if self.kind == "path":
-            text = os.fspath(value).strip() if not isinstance(value, str) else value.strip()
-            if "," in text:
-                raise ValueError(value)
-            return text
-        raise AssertionError(self.kind)
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-_DAY_MS = 24 * 3600 * 1000
-
-KEYS: dict[str, ConfigKey] = {
-    k.name: k
-    for k in [
-        ConfigKey("log.channel.type", "enum", "file",
-                  "Storage layout: one file tier (file), one pmem tier (pmem), or the tiers "
-                  "listed in storage.tiers.types (tiered). Setting storage.tiers.types without "
-                  "this key implies tiered.", choices=CHANNEL_TYPES),
-        ConfigKey("storage.tiers.types", "list", ("PMEM", "HDD"),
-                  "Tier types, fastest first, for log.channel.type=tiered (setting this key "
-                  "implies tiered; a list contradicting log.channel.type=file or pmem is an "
-                  "error). PMEM "
-                  "tiers are written through a memory mapping with libpmem; REMOTE tiers (an "
-                  "fsspec URL) hold sealed segments only; the others are written with write + "
-                  "fsync.",
-                  choices=TIER_TYPES, note="the first not REMOTE"),
-        ConfigKey("storage.tiers.first.paths", "path", "",
-                  "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
-        ConfigKey("storage.tiers.first.sizes", "size", 1 * GiB,
-                  "Capacity of tier 1 in bytes. Alias of storage.tiers.1.sizes.",
-                  minimum=64 * KiB),
-        ConfigKey("storage.tiers.second.paths", "path", "",
-                  "Directory of tier 2 (empty: <root>/tier-2). Alias of storage.tiers.2.paths."),
-        ConfigKey("storage.tiers.second.sizes", "size", 0,
-                  "Capacity of tier 2 in bytes; 0 means limited only by the filesystem. "
-                  "Alias of storage.tiers.2.sizes.", minimum=0),
-        ConfigKey("storage.migrate.threshold", "float", 0.5,
-                  "Fraction of each tier with a capacity (all but the last) that should hold "
-                  "data in the balanced state; it decides how much a tier holds, never the "
-                  "order (the newest sealed segments are always on the fastest tiers). -1 "
-                  "disables migration (retention still runs).", changeable=True, minimum=0.0,
-                  maximum=1.0, special=(-1,)),
-        ConfigKey("storage.migrate.threshold.low", "float", None,
-                  "Lower edge of a hysteresis band: a tier below it takes segments up from "
-                  "slower tiers (empty: storage.migrate.threshold).", changeable=True,
-                  minimum=0.0, maximum=1.0, note="not above storage.migrate.threshold.high"),
-        ConfigKey("storage.migrate.threshold.high", "float", None,
-                  "Upper edge of a hysteresis band: a tier above it passes its oldest segments "
-                  "down (empty: storage.migrate.threshold).", changeable=True,
-                  minimum=0.0, maximum=1.0, note="not below storage.migrate.threshold.low"),
-        ConfigKey("storage.migrate.interval.ms", "int", 5000,
-                  "How often the migration service applies the policy, in milliseconds.",
-                  changeable=True, minimum=1),
-        ConfigKey("storage.migrate.bytes.per.second", "size", 0,
-                  "Bandwidth the migration service may take for copying; 0 = no cap.",
-                  changeable=True, minimum=0),
-        ConfigKey("storage.migrate.threads", "int", 1,
-                  "Segments moved in parallel by the migration service.", changeable=True,
-                  minimum=1, maximum=64),
-        ConfigKey("log.file.direct.bytes", "size", 0,
-                  "Chunks at least this big are written to file tiers with direct I/O "
-                  "(O_DIRECT), past the page cache: less CPU per durable write, but readers "
-                  "of fresh data then read from the device; 0 = never.",
-                  changeable=True, minimum=0),
-        ConfigKey("log.pmem.pool.ratio", "float", 0.8,
-                  "Fraction of a PMEM tier pre-allocated as a pool of segment files. A PMEM "
-                  "tier holds segments only in its pool, so its usable capacity is this ratio "
-                  "times its size, in whole log.segment.bytes files: 0.8 of a 1 GiB tier with "
-                  "64 MiB segments is 12 pool files, 768 MiB (pafka tiers shows it).",
-                  minimum=0.01, maximum=1.0),
-        ConfigKey("log.segment.bytes", "size", 64 * MiB,
-                  "Size at which the active segment is sealed and the next one started.",
-                  minimum=16 * KiB, maximum=1024 * GiB),
-        ConfigKey("log.segment.ms", "int", 7 * _DAY_MS,
-                  "Age at which an idle active segment is sealed, in milliseconds.",
-                  changeable=True, minimum=1),
-        ConfigKey("log.retention.bytes", "size", -1,
-                  "Bytes kept per partition before the oldest sealed segments are deleted; "
-                  "-1 keeps all.", changeable=True, minimum=0, special=(-1,)),
-        ConfigKey("log.retention.ms", "int", 7 * _DAY_MS,
-                  "Age after which sealed segments are deleted, in milliseconds; -1 keeps all.",
-                  changeable=True, minimum=0, special=(-1,)),
-        ConfigKey("log.checkpoint.interval", "int", 100,
-                  "Commit-log entries between checkpoints of the topic state.", changeable=True,
-                  minimum=2, maximum=1_000_000),
-        ConfigKey("log.cleanup.grace.ms", "int", 600_000,
-                  "Age before unreferenced files, old log entries and freed segments are "
-                  "reclaimed, in milliseconds; must be longer than any batch and any move.",
-                  changeable=True, minimum=0),
-        ConfigKey("num.partitions", "int", 1, "Partitions of a topic created without a count.",
-                  changeable=True, minimum=1, maximum=100_000),
-        ConfigKey("compression.type", "enum", "none",
-                  "Arrow IPC buffer compression of new chunks.", changeable=True,
-                  choices=COMPRESSION_TYPES),
-    ]
-}
+# The key table lives in config_keys; its names are re-exported here, where callers import
+# them from.
+__all__ = [
+    "CHANNEL_TYPES",
+    "COMPRESSION_TYPES",
+    "KEYS",
+    "LAYOUT_KEYS",
+    "TIER_TYPES",
+    "ConfigKey",
+    "GiB",
+    "KiB",
+    "MiB",
+    "StoreConfig",
+    "TierSpec",
+    "canonical_key",
+    "imply_channel",
+    "key_for",
+    "load_config",
+    "markdown_table",
+    "parse_config",
+    "parse_size",
+    "properties_text",
+    "read_properties",
+    "render_value",
+    "tier_key",
+]
 
 # storage.tiers.<n>.paths / .sizes for n >= 1; first and second are aliases of 1 and 2.
 _NUMBERED_RE = re.compile(r"^storage\.tiers\.(\d+)\.(paths|sizes)$")

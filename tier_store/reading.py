@@ -11,22 +11,16 @@ planning), it opens the store, plans again once, and goes on; a file still missi
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import mmap
-import os
-import stat
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from .chunk import ChunkDecoder, checksum
-from .errors import CorruptSegment, DataLoss, PafkaError, TopicDeleted, TopicNotFound
-from .layout import SEGMENT_SUFFIX, is_url
-from .segment import HEADER_FIELDS, SegmentHeader
+from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
+from .layout import is_url
+from .pins import MAPS, owner_of
 
 
 @dataclass(frozen=True)
@@ -72,221 +66,27 @@ class PlannedBatch:
     timestamp: int
 
 
-PIN_IDLE_S = 5.0
-"""A cached mapping unused this long is dropped, and with it the reader's pin on the file."""
+# Opens the plan's topic again: set by the store module, which sits above this one (the
+# store calls the reader, never the reverse).
+_open_topic: Callable[[str, str], Any] | None = None
 
 
-class _PinnedMap(mmap.mmap):
-    """A read-only mapping that holds a shared ``flock`` on its file (a reader pin) until the
-    mapping itself is freed, i.e. until no Arrow buffer sliced from it is alive any more.
-    A freed pool file returns to the pool only once an exclusive lock on it succeeds
-    (:func:`~tier_store.garbage.release_file`), so a pinned file is never reused under a
-    reader; the kernel drops the pin when the process dies."""
-
-    pin_fd = -1
-
-    def __del__(self) -> None:
-        fd, self.pin_fd = self.pin_fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-
-@dataclass
-class _Mapped:
-    dev: int
-    ino: int
-    buf: pa.Buffer
-    owner: tuple[str, str] | None  # (topic, partition) of a segment path
-    used: float
-
-
-class MappedFiles:
-    """Read-only, pinned Arrow memory maps of segment files, cached per process.
-
-    A growing file (a file tier's active segment) is remapped when a chunk lies past the
-    mapped length. A cached mapping is used only while the path still names the same inode.
-    Each mapping pins its file (:class:`_PinnedMap`); a cached one is dropped — unpinning the
-    file once the batches read from it are gone — when it is unused for :data:`PIN_IDLE_S`,
-    when the path names another file or none, when a plan of its partition no longer names
-    it (:meth:`forget`), or past ``limit`` mappings. Thread-safe.
-    """
-
-    def __init__(self, limit: int = 256, idle_s: float = PIN_IDLE_S):
-        self._maps: dict[str, _Mapped] = {}
-        self._limit = limit
-        self._idle_s = idle_s
-        self._lock = threading.Lock()
-        self._janitor: threading.Thread | None = None
-
-    def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
-        return self.whole(path, pos, length).slice(pos, length)
-
-    def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
-        """The mapping of ``path``, which holds ``[pos, pos + length)``. FileNotFoundError
-        when the path names no file (or stopped naming the one we opened)."""
-        st = os.stat(path, follow_symlinks=False)  # FileNotFoundError for a missing file
-        now = time.monotonic()
-        with self._lock:
-            hit = self._maps.get(path)
-            if hit is not None and (hit.dev, hit.ino) == (st.st_dev, st.st_ino) and \
-                    pos + length <= hit.buf.size:
-                hit.used = now
-                return hit.buf
-        buf, dev, ino = pin_map(path)
-        if pos + length > buf.size:
-            raise CorruptSegment(f"{path}: chunk [{pos}, {pos + length}) lies past the file's "
-                                 f"end ({buf.size} bytes)")
-        with self._lock:
-            self._drop_idle(now)
-            if len(self._maps) >= self._limit:
-                self._maps.pop(next(iter(self._maps)))
-            self._maps.pop(path, None)  # re-inserted last: the dict's order is LRU-ish
-            self._maps[path] = _Mapped(dev, ino, buf, _owner(path), now)
-            self._start_janitor()
-        return buf
-
-    def forget(self, keep: set[str], owners: set[tuple[str, str]]) -> None:
-        """Drop the cached mappings of the partitions ``owners`` (as :func:`_owner` names
-        them) whose paths are not in ``keep``: segments a plan no longer names (moved,
-        merged or deleted) are unpinned instead of held until the process ends."""
-        with self._lock:
-            for path in [p for p, m in self._maps.items()
-                         if m.owner in owners and p not in keep]:
-                del self._maps[path]
-
-    def drop(self, paths: set[str]) -> None:
-        """Drop the cached mappings of ``paths`` (e.g. a move's sources once it is done)."""
-        with self._lock:
-            for path in paths:
-                self._maps.pop(path, None)
-
-    def drop_under(self, prefixes: list[str]) -> None:
-        """Drop the cached mappings of paths under ``prefixes`` (a deleted topic's)."""
-        with self._lock:
-            for path in [p for p in self._maps if p.startswith(tuple(prefixes))]:
-                del self._maps[path]
-
-    def pinned(self) -> list[str]:
-        """Paths of the cached mappings (each pins its file)."""
-        with self._lock:
-            return list(self._maps)
-
-    def _drop_idle(self, now: float) -> None:
-        for path in [p for p, m in self._maps.items() if now - m.used > self._idle_s]:
-            del self._maps[path]
-
-    def _start_janitor(self) -> None:
-        # A worker that stops reading must not pin its last files until it exits.
-        if self._janitor is None or not self._janitor.is_alive():
-            self._janitor = threading.Thread(target=self._sweep, name="pafka-unpin",
-                                             daemon=True)
-            self._janitor.start()
-
-    def _sweep(self) -> None:
-        while True:
-            time.sleep(self._idle_s / 2)
-            with self._lock:
-                self._drop_idle(time.monotonic())
-                if not self._maps:
-                    self._janitor = None
-                    return
-
-    def clear(self) -> None:
-        with self._lock:
-            self._maps.clear()
-
-    def _after_fork(self) -> None:
-        # The child shares the parent's pins (open file descriptions); its own copies go,
-        # and the janitor thread did not survive the fork.
-        self._lock = threading.Lock()
-        self._maps.clear()
-        self._janitor = None
-
-
-MAPS = MappedFiles()
-os.register_at_fork(after_in_child=MAPS._after_fork)
-
-PIN_WAIT_S = 10.0
-"""How long a reader waits for a move or a release holding a segment file exclusively."""
-
-
-def _owner(path: str) -> tuple[str, str] | None:
-    """(topic, partition) of a segment file's path, whatever its tier; None for other
-    files."""
-    pdir, name = os.path.split(path)
-    tdir, part = os.path.split(pdir)
-    if not (part.isdigit() and name.endswith(SEGMENT_SUFFIX)
-            and name[: -len(SEGMENT_SUFFIX)].isdigit()):
-        return None
-    return os.path.basename(tdir), part
-
-
-def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
-    """Map ``path`` read-only with a reader pin on it: (buffer, st_dev, st_ino).
-
-    The file is opened without following a symlink; the pin (a shared ``flock``) is taken,
-    then the path is checked to still name the file opened — a file released to a pool
-    meanwhile (under an exclusive lock) is FileNotFoundError, as a moved segment's is — and
-    a segment file's header must name the partition and sequence its path does, so a reused
-    file is never read as the old segment (:class:`CorruptSegment` otherwise)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise CorruptSegment(f"{path} is a symbolic link: segment files are never read "
-                                 "through links") from None
-        raise
-    try:
-        deadline = time.monotonic() + PIN_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                # A move publishing its copy, or a release checking this file: brief.
-                if time.monotonic() > deadline:
-                    raise PafkaError(f"{path}: held exclusively by another process for over "
-                                     f"{PIN_WAIT_S:g} s (a move or a release that stalled); "
-                                     "cannot pin it for reading, try again") from None
-                time.sleep(0.002)
-        held = os.fstat(fd)
-        try:
-            named = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            named = None
-        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-            raise FileNotFoundError(errno.ENOENT, "segment file was released while opened",
-                                    path)
-        if not stat.S_ISREG(held.st_mode):
-            raise CorruptSegment(f"{path} is not a regular file")
-        if held.st_size == 0:
-            os.close(fd)
-            return pa.py_buffer(b""), held.st_dev, held.st_ino
-        owner = _owner(path)
-        if owner is not None:
-            _check_header(fd, path, int(owner[1]),
-                          int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)]))
-        m = _PinnedMap(fd, 0, prot=mmap.PROT_READ)
-        m.pin_fd = fd  # closed (unpinned) when the mapping is freed
-        return pa.py_buffer(m), held.st_dev, held.st_ino
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _check_header(fd: int, path: str, partition: int, seq: int) -> None:
-    hdr = SegmentHeader.unpack(os.pread(fd, HEADER_FIELDS, 0), path)
-    if (hdr.partition, hdr.seq) != (partition, seq):
-        raise CorruptSegment(f"{path}: its header names segment {hdr.partition}-{hdr.seq}, "
-                             f"not {partition}-{seq} as its path does")
+def use_topic_opener(opener: Callable[[str, str], Any]) -> None:
+    """Set how a plan's topic is opened to re-plan it: ``opener(root, topic)`` returns a
+    handle with ``id`` and ``plan_read``, or raises :class:`TopicNotFound`."""
+    global _open_topic
+    _open_topic = opener
 
 
 def _replan(plan: ReadPlan, start: int, c: PlannedChunk) -> ReadPlan:
     """``[start, plan.end)`` of the plan's partition planned again from the log: the same
     incarnation of the topic, or :class:`TopicDeleted`."""
-    from .store import Store
+    if _open_topic is None:
+        raise DataLoss(f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
+                       f"{plan.end - 1} moved while being read, and no store is loaded to "
+                       "plan the read again")
     try:
-        topic = Store.open(plan.root).topic(plan.topic)
+        topic = _open_topic(plan.root, plan.topic)
     except TopicNotFound:
         topic = None
     if topic is None or (plan.topic_id and topic.id != plan.topic_id):
@@ -294,15 +94,8 @@ def _replan(plan: ReadPlan, start: int, c: PlannedChunk) -> ReadPlan:
             f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
             f"{plan.end - 1} cannot be read, the topic was deleted"
             + (" and created again" if topic is not None else ""))
-    return topic.plan_read(plan.partition, start, plan.end)
-
-
-def map_file(path: str) -> pa.Buffer:
-    """A read-only shared mapping of the whole file as an Arrow buffer, pinned (see
-    :func:`pin_map`). Not ``pa.memory_map(...).read_buffer()``: that advises WILLNEED on the
-    whole file, which costs 100 µs per 64 MiB segment on tmpfs and would read a whole
-    segment from a disk to serve one chunk of it."""
-    return pin_map(path)[0]
+    plan_read: Callable[[int, int, int], ReadPlan] = topic.plan_read
+    return plan_read(plan.partition, start, plan.end)
 
 
 def read_range(path: str, pos: int, length: int) -> pa.Buffer:
@@ -337,7 +130,7 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
     at_offset = plan.start
     decoder = ChunkDecoder()
     local = {c.path for c in plan.chunks if not is_url(c.path)}
-    owners = {o for o in map(_owner, local) if o is not None}
+    owners = {o for o in map(owner_of, local) if o is not None}
     if owners:
         # This partition's segments the plan no longer names (moved, merged, deleted) are
         # unpinned now rather than when they go idle.

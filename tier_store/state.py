@@ -151,6 +151,21 @@ class SegmentState:
 
 
 @dataclass
+class PartitionState:
+    """One partition's part of a topic's state."""
+
+    number: int
+    next_offset: int = 0  # the next offset to be written
+    start_offset: int = 0  # the first offset still retained
+    chunks: ChunkIndex = field(default_factory=ChunkIndex)
+    segments: dict[int, SegmentState] = field(default_factory=dict)  # by sequence number
+
+    def by_base(self) -> list[SegmentState]:
+        """The partition's segments in offset order."""
+        return sorted(self.segments.values(), key=lambda s: s.base)
+
+
+@dataclass
 class TopicState:
     """A topic's state at one commit-log version."""
 
@@ -161,16 +176,44 @@ class TopicState:
     config: dict[str, Any] = field(default_factory=dict)
     created_ts: int = 0
     last_ts: int = 0
-    topic_id: str = ""  # the incarnation (CreateEntry.id); "" for topics made without ids
-    next_offset: list[int] = field(default_factory=list)
-    start_offset: list[int] = field(default_factory=list)
+    topic_id: str = ""  # the incarnation (CreateEntry.id)
+    parts: list[PartitionState] = field(default_factory=list)
+    # Every partition's segments by id ("<partition>-<seq>"), as the log names them.
     segments: dict[str, SegmentState] = field(default_factory=dict)
-    chunks: list[ChunkIndex] = field(default_factory=list)
     writers: dict[str, int] = field(default_factory=dict)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
     # "<id>@<tier>" -> [tier, ts of the delete or move] of segment files no longer
     # referenced, reclaimed after the grace period
     tombstones: dict[str, list[int]] = field(default_factory=dict)
+
+    def part(self, p: int) -> PartitionState:
+        """Partition ``p``'s state."""
+        return self.parts[p]
+
+    @property
+    def next_offset(self) -> list[int]:
+        """Per partition, the next offset to be written (a copy)."""
+        return [q.next_offset for q in self.parts]
+
+    @property
+    def start_offset(self) -> list[int]:
+        """Per partition, the first offset still retained (a copy)."""
+        return [q.start_offset for q in self.parts]
+
+    @property
+    def chunks(self) -> list[ChunkIndex]:
+        """Per partition, the committed chunks' index."""
+        return [q.chunks for q in self.parts]
+
+    def _add_segment(self, seg: SegmentState) -> None:
+        self.segments[seg.id] = seg
+        self.parts[seg.partition].segments[seg.seq] = seg
+
+    def _drop_segment(self, sid: str) -> SegmentState | None:
+        seg = self.segments.pop(sid, None)
+        if seg is not None:
+            self.parts[seg.partition].segments.pop(seg.seq, None)
+        return seg
 
     def tombstone(self, sid: str, tier: int) -> list[int] | None:
         """[tier, ts] if segment ``sid``'s file on ``tier`` was deleted or moved away."""
@@ -210,18 +253,16 @@ class TopicState:
 
     def _grow(self, partitions: int) -> None:
         while self.partitions < partitions:
-            self.next_offset.append(0)
-            self.start_offset.append(0)
-            self.chunks.append(ChunkIndex())
+            self.parts.append(PartitionState(self.partitions))
             self.partitions += 1
 
     def _apply_append(self, e: AppendEntry) -> None:
         for c in e.chunks:
-            sid = segment_id(c.p, c.seq)
-            seg = self.segments.get(sid)
+            part = self.parts[c.p]
+            seg = part.segments.get(c.seq)
             if seg is None:
                 seg = SegmentState(c.p, c.seq, c.tier, c.base, c.base, 0, 0, 0, 0, e.ts, e.ts)
-                self.segments[sid] = seg
+                self._add_segment(seg)
             # Concurrent writers may commit a segment's chunks out of order, so a segment's
             # offsets need not be one range: keep its min and max.
             seg.base = min(seg.base, c.base)
@@ -231,26 +272,33 @@ class TopicState:
             seg.extent = max(seg.extent, c.pos + c.len)
             seg.chunks += 1
             seg.last_ts = e.ts
-            self.chunks[c.p].append(c, e.ts)
-            self.next_offset[c.p] = c.base + c.n
+            part.chunks.append(c, e.ts)
+            part.next_offset = c.base + c.n
         if e.writer is not None and e.batch is not None:
             self.writers[e.writer] = max(self.writers.get(e.writer, -1), e.batch)
 
     def _apply_delete(self, e: DeleteEntry) -> None:
         by_part: dict[int, set[int]] = {}
         for sid in e.segments:
-            seg = self.segments.pop(sid, None)
+            seg = self._drop_segment(sid)
             if seg is None:
                 continue
             self.tombstones[f"{sid}@{seg.tier}"] = [seg.tier, e.ts]
             by_part.setdefault(seg.partition, set()).add(seg.seq)
         for p, seqs in by_part.items():
-            self.chunks[p].drop_segments(seqs)
-            remaining = [s.base for s in self.segments.values() if s.partition == p]
-            self.start_offset[p] = min(remaining) if remaining else self.next_offset[p]
+            part = self.parts[p]
+            part.chunks.drop_segments(seqs)
+            remaining = [s.base for s in part.segments.values()]
+            part.start_offset = min(remaining) if remaining else part.next_offset
 
     def _apply_move(self, e: MoveEntry) -> None:
-        olds = [self.segments.pop(segment_id(e.p, s)) for s in e.sources]
+        olds = []
+        for s in e.sources:
+            old = self._drop_segment(segment_id(e.p, s))
+            if old is None:
+                raise CorruptLog(f"topic {self.name!r}: version {self.version + 1} moves segment "
+                                 f"{segment_id(e.p, s)}, which the log does not hold")
+            olds.append(old)
         for old in olds:
             if not (old.seq == e.seq and old.tier == e.tier):
                 self.tombstones[f"{old.id}@{old.tier}"] = [old.tier, e.ts]
@@ -259,15 +307,15 @@ class TopicState:
             sum(c.n for c in e.chunks), sum(c.len for c in e.chunks),
             max((c.pos + c.len for c in e.chunks), default=0),
             len(e.chunks), min(o.first_ts for o in olds), max(o.last_ts for o in olds))
-        self.segments[new.id] = new
+        self._add_segment(new)
         self.tombstones.pop(f"{new.id}@{new.tier}", None)
-        self.chunks[e.p].replace_segments({o.seq for o in olds}, list(e.chunks),
+        self.parts[e.p].chunks.replace_segments({o.seq for o in olds}, list(e.chunks),
                                           np.zeros(len(e.chunks), np.int64))
 
     # -- queries ------------------------------------------------------------------------
     def partition_segments(self, p: int) -> list[SegmentState]:
-        return sorted((s for s in self.segments.values() if s.partition == p),
-                      key=lambda s: s.base)
+        """Partition ``p``'s segments by base offset."""
+        return self.parts[p].by_base()
 
     # -- checkpoints --------------------------------------------------------------------
     def to_checkpoint(self) -> pa.Table:
@@ -284,7 +332,7 @@ class TopicState:
             "tombstones": self.tombstones,
             "chunk_counts": [len(c) for c in self.chunks],
         }
-        rows = np.concatenate([c.rows() for c in self.chunks]) if self.chunks \
+        rows = np.concatenate([q.chunks.rows() for q in self.parts]) if self.parts \
             else np.empty(0, CHUNK_DTYPE)
         cols = {name: pa.array(rows[name]) for name in CHUNK_DTYPE.names}
         table = pa.table(cols)
@@ -301,18 +349,20 @@ class TopicState:
             st.config = meta["config"]
             st.created_ts, st.last_ts = meta["created_ts"], meta["last_ts"]
             st.topic_id = str(meta.get("topic_id", ""))
-            st.next_offset, st.start_offset = meta["next_offset"], meta["start_offset"]
-            st.segments = {}
+            nexts, starts = meta["next_offset"], meta["start_offset"]
+            counts = meta["chunk_counts"]
+            if not len(nexts) == len(starts) == len(counts) == st.partitions:
+                raise ValueError(f"{st.partitions} partitions, but {len(nexts)} next offsets, "
+                                 f"{len(starts)} start offsets, {len(counts)} chunk counts")
+            at = 0
+            for p in range(st.partitions):
+                st.parts.append(PartitionState(p, int(nexts[p]), int(starts[p]),
+                                               ChunkIndex(lazy=(table, at, counts[p]))))
+                at += counts[p]
             for s in meta["segments"]:
-                seg = SegmentState(**s)
-                st.segments[seg.id] = seg
+                st._add_segment(SegmentState(**s))
             st.writers, st.positions = meta["writers"], meta["positions"]
             st.tombstones = meta["tombstones"]
-            st.chunks = []
-            at = 0
-            for n in meta["chunk_counts"]:
-                st.chunks.append(ChunkIndex(lazy=(table, at, n)))
-                at += n
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, IndexError) as e:
             raise CorruptLog(f"checkpoint {where} is malformed: {e!r}") from None
         return st

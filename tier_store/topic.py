@@ -18,7 +18,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +27,31 @@ import pyarrow as pa
 
 from .chunk import EncodedChunk
 from .commit_log import CommitLog
+from .conflicts import (
+    Requirement,
+    SegmentsCommitted,
+    append_requirements,
+    unseen_chunks,
+    validate_all,
+)
 from .crash import crash_point
-from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, PartitionsEntry, PositionEntry
-from .errors import CommitConflict, DataLoss, PafkaError, SchemaMismatch, StoreFull
+from .entries import (
+    AppendEntry,
+    ChunkRecord,
+    DeleteEntry,
+    Entry,
+    MoveEntry,
+    PartitionsEntry,
+    PositionEntry,
+)
+from .errors import (
+    CommitConflict,
+    DataLoss,
+    InvalidArgument,
+    PafkaError,
+    SchemaMismatch,
+    StoreFull,
+)
 from .hashing import partition_of
 from .layout import (
     fsync_dir,
@@ -39,15 +61,15 @@ from .layout import (
     segment_id,
     write_atomic,
 )
+from .maintenance import retention
 from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
-from .retention import segments_to_delete
 from .segment import CHUNK_ALIGN, HEADER_SIZE, SegmentHeader, align
 from .state import NO_TIME, TopicState
 from .tiers import NO_SPACE, SegmentWriter, Tier
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .host import TopicHost
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +150,7 @@ def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
 class Topic:
     """A handle on one topic of a :class:`~tier_store.Store`."""
 
-    def __init__(self, store: Store, name: str, state: TopicState, commit_log: CommitLog):
+    def __init__(self, store: TopicHost, name: str, state: TopicState, commit_log: CommitLog):
         self.store = store
         self.name = name
         # The log the state was loaded from: it knows the incarnation it read.
@@ -177,7 +199,9 @@ class Topic:
         """Topic-level configuration (overrides of the store's changeable keys)."""
         return dict(self._state.config)
 
-    def _setting(self, key: str) -> Any:
+    def setting(self, key: str) -> Any:
+        """The value of configuration key ``key`` in effect for this topic: the topic's own
+        override, else the store's."""
         return self._state.config.get(key, self.store.config[key])
 
     def refresh(self) -> Topic:
@@ -192,6 +216,32 @@ class Topic:
         if refresh:
             self.refresh()
         return self._state
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[TopicState]:
+        """Hold this handle's lock and yield its refreshed state.
+
+        A refresh applies new entries to the state's own objects in place, and another
+        thread may refresh the handle at any time: what must be read consistently (a plan)
+        is read, or copied, inside the block. Keep it short: commits through this handle
+        wait for it."""
+        with self._lock:
+            yield self.state()
+
+    @property
+    def checkpointed_version(self) -> int:
+        """The version of the newest checkpoint this handle knows of (0 for none)."""
+        return self._known_checkpoint
+
+    def write_checkpoint(self) -> int:
+        """Write a checkpoint of this handle's state as it is (not refreshed first); returns
+        its version. The entries and checkpoints it supersedes are deleted once older than
+        ``log.cleanup.grace.ms``."""
+        with self._lock:
+            st = self._state
+            self._log.write_checkpoint(st, self.setting("log.cleanup.grace.ms"))
+            self._known_checkpoint = st.version
+            return st.version
 
     def latest_offsets(self) -> dict[int, int]:
         """Per partition, the next offset to be written."""
@@ -245,7 +295,7 @@ class Topic:
                 p = self._rr % self._state.partitions
                 self._rr += 1
             groups = [(p, table)]
-        compression = self._setting("compression.type")
+        compression = self.setting("compression.type")
         refs = []
         for p, part in groups:
             for piece in self._split(part, compression):
@@ -314,7 +364,7 @@ class Topic:
             seq, tier, w = self._active_writer(p, chunk.size, durable)
             hdr = w.header()
             pos = align(hdr.end)
-            aged = hdr.end > HEADER_SIZE and written - hdr.created_ms > self._setting(
+            aged = hdr.end > HEADER_SIZE and written - hdr.created_ms > self.setting(
                 "log.segment.ms")
             if hdr.sealed or aged or pos + chunk.size > w.capacity():
                 seq, tier, w = self._roll(p, seq, w, chunk.size, durable)
@@ -500,7 +550,8 @@ class Topic:
             with self.store.publishing({(r.tier, r.relocation) for r in refs}):
                 results = self._commit_refs(refs, writer_id, batch_id)
             if results:
-                self._after_commit()
+                # Still under the handle's lock: housekeeping sees the state just published.
+                self.store.after_commit(self)
             return results
 
     def _commit_refs(self, refs: list[ChunkRef], writer_id: str | None,
@@ -513,10 +564,10 @@ class Topic:
                 log.info("topic %s: batch %s of writer %s is already committed; skipping "
                          "the replay", self.name, batch_id, writer_id)
                 return []
-            fresh = self._unseen(st, refs)
+            fresh = unseen_chunks(self.name, st, refs)
             if not fresh:
                 return []
-            self._check_refs(st, fresh)
+            validate_all(append_requirements(self.name, fresh, self.store.tier), st)
             ts = max(st.last_ts, _now_ms())
             nxt = list(st.next_offset)
             chunks, results = [], []
@@ -557,106 +608,97 @@ class Topic:
             raise CommitConflict(f"topic {self.name!r}: gave up after "
                                  f"{_MAX_COMMIT_ATTEMPTS} lost races")
 
-    def _unseen(self, st: TopicState, refs: list[ChunkRef]) -> list[ChunkRef]:
-        """Drop refs already committed (a retried commit without a writer id)."""
-        out = []
-        for r in refs:
-            if not 0 <= r.partition < st.partitions:
-                raise PafkaError(f"topic {self.name!r} has no partition {r.partition}")
-            # A chunk is committed after it was written, so only rows committed since then
-            # can hold it: a short tail of the index.
-            tail = st.chunks[r.partition].committed_since(r.written_ms - 1000)
-            same = tail[(tail["seq"] == r.seq) & (tail["pos"] == r.pos)]
-            if len(same):
-                if int(same["len"][0]) != r.length or int(same["crc"][0]) != r.checksum:
-                    # The place was reused after this chunk was written (its segment's
-                    # uncommitted tail was recovered and appended to again): the chunk's bytes
-                    # are gone, and skipping it would drop its records silently.
-                    raise CommitConflict(
-                        f"topic {self.name!r}: segment {segment_id(r.partition, r.seq)} "
-                        f"holds another committed chunk at {r.pos}; this chunk was overwritten "
-                        "before it was committed: write the batch again")
-                log.info("topic %s: chunk %s@%d already committed", self.name,
-                         segment_id(r.partition, r.seq), r.pos)
-                continue
-            out.append(r)
-        return out
-
-    def _check_refs(self, st: TopicState, refs: list[ChunkRef]) -> None:
-        for r in refs:
-            if r.topic_id and r.topic_id != st.topic_id:
-                raise CommitConflict(
-                    f"topic {self.name!r}: a chunk was written to an incarnation of the topic "
-                    f"(id {r.topic_id}) that was deleted; the topic is now id "
-                    f"{st.topic_id or '(none)'}: write the batch again")
-            sid = segment_id(r.partition, r.seq)
-            seg = st.segments.get(sid)
-            gone = st.tombstone(sid, r.tier) is not None and (seg is None or seg.tier != r.tier)
-            if gone or (seg is not None and seg.tier != r.tier):
-                raise CommitConflict(
-                    f"topic {self.name!r}: segment {sid} was moved or deleted after its chunk "
-                    "was written; write the batch again")
-            if seg is None:
-                tier = self.store.tier(r.tier)
-                path = tier.segment_path(self.name, r.partition, r.seq)
-                if not tier.exists(path):
-                    raise CommitConflict(
-                        f"topic {self.name!r}: segment {sid} is gone from tier {r.tier} "
-                        f"({path}); write the batch again")
-
     def append(self, data: Any, partition: int | None = None, key: str | None = None,
                timestamp_column: str | None = None) -> list[AppendResult]:
         """``write_chunks`` then ``commit``: durable and visible on return."""
         return self.commit(self.write_chunks(data, partition, key, timestamp_column))
 
-    def _after_commit(self) -> None:
-        """Housekeeping after a published commit: checkpoint, garbage, retention.
+    # -- maintenance primitives ---------------------------------------------------------------
+    def _publish_checked(self, requirements: Sequence[Requirement],
+                         build: Any, tiers: Iterable[tuple[int, int | None]] = ()) -> Entry:
+        """Publish ``build(state)`` once every requirement holds against the state it is
+        published on (checked again after each lost race); returns the entry published."""
+        published: list[Entry] = []
 
-        The commit is already visible, so a failure here is logged, not raised: a caller
-        told that its commit failed would retry it and, without a writer id, append its
-        records twice. A failed checkpoint is written by a later commit (at most
-        ``2 * log.checkpoint.interval`` versions on); garbage and retention run again too."""
-        st = self._state
-        interval = self._setting("log.checkpoint.interval")
-        if st.version % interval == 0 or st.version - self._known_checkpoint >= 2 * interval:
-            try:
-                self._log.write_checkpoint(st, self._setting("log.cleanup.grace.ms"))
-                self._known_checkpoint = st.version
-            except Exception as e:
-                self._housekeeping_failed(f"writing the checkpoint at version {st.version}", e)
-            try:
-                self.store.collect_garbage(self)
-            except Exception as e:
-                self._housekeeping_failed("collecting garbage", e)
-        try:
-            self.apply_retention()
-        except Exception as e:
-            self._housekeeping_failed("applying retention", e)
+        def make(st: TopicState) -> Entry:
+            validate_all(requirements, st)
+            published[:] = [build(st)]
+            return published[0]
 
-    def _housekeeping_failed(self, what: str, e: Exception) -> None:
-        log.warning("topic %s: %s after committing version %d failed: %s: %s (the commit "
-                    "stands; this is retried after a later commit)", self.name, what,
-                    self._state.version, type(e).__name__, e)
+        self._publish_retrying(make, tiers)
+        return published[0]
+
+    def replace_segments(self, partition: int, sources: Sequence[int], seq: int, tier: int,
+                         chunks: Sequence[ChunkRecord],
+                         requirements: Sequence[Requirement] = (),
+                         read_from: Iterable[int] = ()) -> MoveEntry:
+        """Publish a ``move`` entry: the sealed segments ``sources`` (sequence numbers, in
+        order) of ``partition`` are replaced by segment ``seq`` on tier ``tier``, which holds
+        ``chunks`` (the sources' committed chunks at their positions in the new file).
+
+        The sources must be committed segments of the partition
+        (:class:`~tier_store.conflicts.SegmentsCommitted`) and every one of
+        ``requirements`` must hold, checked against the state the entry is published on: a
+        race lost to an entry that breaks none of them is retried, one that breaks one
+        raises :class:`CommitConflict`. The entry is refused
+        (:class:`~tier_store.errors.TierRelocated`) if ``tier`` or a tier of ``read_from``
+        (where the chunks were read) was relocated since this store handle was opened.
+        Returns the entry published. The sources' files are not touched: they become
+        tombstones, for garbage collection after ``log.cleanup.grace.ms``."""
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+            raise InvalidArgument(f"partition must be a non-negative integer, got "
+                                  f"{partition!r}")
+        seqs = tuple(int(q) for q in sources)
+        if not seqs or len(set(seqs)) != len(seqs):
+            raise InvalidArgument(f"replace_segments takes distinct source segments, got "
+                                  f"{list(sources)!r}")
+        moved = tuple(chunks)
+        stray = [c for c in moved if (c.p, c.seq, c.tier) != (partition, seq, tier)]
+        if stray:
+            raise InvalidArgument(f"topic {self.name!r}: a chunk of segment "
+                                  f"{segment_id(stray[0].p, stray[0].seq)} on tier "
+                                  f"{stray[0].tier} is not in segment "
+                                  f"{segment_id(partition, seq)} on tier {tier}")
+        committed = SegmentsCommitted(self.name, tuple(segment_id(partition, q) for q in seqs))
+        used = {tier, *read_from}
+
+        def build(st: TopicState) -> MoveEntry:
+            return MoveEntry(max(st.last_ts, _now_ms()), partition, seqs, seq, tier, moved)
+
+        entry = self._publish_checked([committed, *requirements], build,
+                                      {(n, self.store.relocation(n)) for n in used})
+        assert isinstance(entry, MoveEntry)
+        return entry
+
+    def delete_segments(self, ids: Sequence[str], reason: str = "retention",
+                        requirements: Sequence[Requirement] = ()) -> DeleteEntry:
+        """Publish a ``delete`` entry removing the committed segments ``ids`` from the log
+        (their records with them; the partition's earliest offset moves past them), naming
+        ``reason``. The segments must be committed
+        (:class:`~tier_store.conflicts.SegmentsCommitted`) and every one of ``requirements``
+        must hold, checked against the state the entry is published on, as for
+        :meth:`replace_segments`. Returns the entry published. The files become
+        tombstones, for garbage collection after ``log.cleanup.grace.ms``."""
+        if isinstance(ids, str) or not ids or not all(isinstance(i, str) for i in ids):
+            raise InvalidArgument(f"delete_segments takes a list of segment ids, got {ids!r}")
+        if not isinstance(reason, str) or not reason:
+            raise InvalidArgument(f"reason must be a non-empty string, got {reason!r}")
+        gone = tuple(ids)
+        committed = SegmentsCommitted(self.name, gone)
+
+        def build(st: TopicState) -> DeleteEntry:
+            return DeleteEntry(max(st.last_ts, _now_ms()), gone, reason)
+
+        entry = self._publish_checked([committed, *requirements], build)
+        assert isinstance(entry, DeleteEntry)
+        return entry
 
     # -- retention --------------------------------------------------------------------------
     def apply_retention(self, now_ms: int | None = None) -> list[str]:
         """Delete whole sealed segments past ``log.retention.bytes``/``.ms`` (a ``delete``
-        entry now; the files after ``log.cleanup.grace.ms``). Returns the deleted ids."""
-        rbytes = self._setting("log.retention.bytes")
-        rms = self._setting("log.retention.ms")
-        if rbytes < 0 and rms < 0:
-            return []
-        now = _now_ms() if now_ms is None else now_ms
-        chosen: list[str] = []
-
-        def make(st: TopicState) -> Entry | None:
-            chosen[:] = segments_to_delete(st, rbytes, rms, now)
-            return DeleteEntry(max(st.last_ts, _now_ms()), tuple(chosen)) if chosen else None
-
-        self._publish_retrying(make)
-        if chosen:
-            log.info("topic %s: retention deleted segments %s", self.name, ", ".join(chosen))
-        return chosen
+        entry now; the files after ``log.cleanup.grace.ms``). Returns the deleted ids. See
+        :mod:`tier_store.maintenance.retention`."""
+        return retention.apply_retention(self, now_ms)
 
     # -- reading ------------------------------------------------------------------------------
     def read(self, partition: int, start: int, end: int | None = None, verify: bool = True
@@ -732,7 +774,7 @@ class Topic:
     def segments(self) -> list[SegmentInfo]:
         """The committed segments, by partition and base offset."""
         st = self.state()
-        grace_s = self._setting("log.cleanup.grace.ms") / 1000.0
+        grace_s = self.setting("log.cleanup.grace.ms") / 1000.0
         now = time.time()
         out = []
         for p in range(st.partitions):

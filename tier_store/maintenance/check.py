@@ -1,7 +1,14 @@
-"""Checking a topic against its commit log: what ``pafka check`` and crash tests rely on.
+"""Check: a topic against its commit log, what ``pafka check`` and crash tests rely on.
 
-The commit log is the source of truth, so opening a store never scans segments. A check runs
-in ordered passes and reports every problem instead of stopping at the first:
+What it does: :func:`check_topic` reads the topic's state and its segment files and reports
+every disagreement in a :class:`CheckReport`. It checks; it repairs nothing (a crash needs
+no repair: the commit log is the source of truth, so opening a store never scans segments,
+and what a crash left unreferenced is :mod:`.garbage`'s).
+
+DANGER: none; it only reads. It can be run at any time, beside writers and moves: a
+segment moved while it is checked may be reported missing (run it again).
+
+It runs in ordered passes and reports every problem instead of stopping at the first:
 
 1. The log: the state loads from the last checkpoint and the entries after it, with
    consecutive versions (replay raises on a gap).
@@ -18,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .chunk import checksum
-from .errors import CorruptLog, CorruptSegment
-from .reading import read_range
+from ..chunk import checksum
+from ..errors import CorruptLog, CorruptSegment
+from ..reading import read_range
 
 if TYPE_CHECKING:
-    from .topic import Topic
+    from ..topic import Topic
 
 
 @dataclass
@@ -104,3 +111,6 @@ def check_topic(topic: Topic, verify: bool = True,
             if progress is not None:
                 progress(length)
     return report
+
+
+__all__ = ["CheckReport", "check_topic"]

@@ -1,4 +1,19 @@
-"""Reclaiming segment files that no commit-log entry references any more.
+"""Garbage: reclaiming segment files that no commit-log entry references any more.
+
+What it does: :func:`collect_garbage` releases a topic's segment files on every tier that
+no entry references (moved away, deleted by retention) and the temporary copies of
+interrupted moves; :func:`release_file` is the one way any operation releases a local file.
+
+Steps, each crash-safe (a file is released or it is not; nothing references what goes):
+
+1. List each tier's files of the topic; keep the candidates: unreferenced by the state and
+   past the grace period (or, on a pool tier, tombstoned).
+2. Per partition, take its lock without waiting (and, on a remote tier, its remote-name
+   lock); a busy partition is left for the next pass.
+3. Per file, take its exclusive ``flock`` without waiting, check it again against the state
+   read then, and release it (pool files back to the pool).
+
+DANGER: it deletes segment files. What protects readers and moves is below.
 
 Rules (run by writers after a checkpoint, and by the migration service; never by a reader or
 an ``open``):
@@ -36,15 +51,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from .crash import crash_point
-from .errors import ConfigError
-from .layout import REMOTE_LOCK, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
+from ..crash import crash_point
+from ..errors import ConfigError
+from ..layout import REMOTE_LOCK, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
 
 if TYPE_CHECKING:
-    from .state import TopicState
-    from .store import Store
-    from .tiers import Tier
-    from .topic import Topic
+    from ..host import TopicHost
+    from ..state import TopicState
+    from ..tiers import Tier
+    from ..topic import Topic
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +131,7 @@ def _may_reclaim(topic: Topic, tier: Tier, sid: str | None, mtime: float, now: f
 
 
 @contextlib.contextmanager
-def _remote_names(store: Store, tier: Tier, topic: str, p: int) -> Iterator[bool]:
+def _remote_names(store: TopicHost, tier: Tier, topic: str, p: int) -> Iterator[bool]:
     """The partition's remote-name lock, without waiting, for a remote tier; nothing to take
     (True) for a local one, whose files carry their own ``flock``."""
     if tier.local:
@@ -126,10 +141,11 @@ def _remote_names(store: Store, tier: Tier, topic: str, p: int) -> Iterator[bool
         yield free
 
 
-def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int:
+def collect_garbage(topic: Topic, now: float | None = None) -> int:
     """Reclaim ``topic``'s unreferenced segment files past the grace period; return count."""
+    store = topic.store
     now = time.time() if now is None else now
-    grace_s = topic._setting("log.cleanup.grace.ms") / 1000.0
+    grace_s = topic.setting("log.cleanup.grace.ms") / 1000.0
     st = topic.state()
     reclaimed = 0
     for tier in store.tiers:
@@ -189,3 +205,6 @@ def collect_garbage(store: Store, topic: Topic, now: float | None = None) -> int
                     reclaimed += 1
                     log.info("reclaimed unreferenced segment file %s", path)
     return reclaimed
+
+
+__all__ = ["collect_garbage", "release_file"]

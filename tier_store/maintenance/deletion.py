@@ -1,4 +1,14 @@
-"""Deleting a topic, and reclaiming what deleted topics left on the tiers.
+"""Deletion: deleting a topic, and reclaiming what deleted topics left on the tiers.
+
+What it does: :func:`delete_topic` takes a topic out of the store, all of it: its commit
+log, its segments on every tier; :func:`reclaim_deleted` reclaims what deleted topics left
+(the migration service runs it on every run). Both work on the store, through the small
+protocol :class:`DeletionHost`.
+
+DANGER: it deletes a whole topic: every record, the commit log, the consumer positions.
+Readers are protected twice: a segment file a reader maps (pins) is left in the graves
+until it is released, never reused under it; and a reader's plan names the incarnation it
+read (the topic's id), so it never reads a topic created again under the name.
 
 A topic is deleted in ordered, crash-safe steps (each rename is atomic):
 
@@ -22,16 +32,33 @@ import logging
 import os
 import shutil
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ..layout import DELETED_DIR, fsync_dir, is_topic, makedirs_durable, topic_dir
+from ..pins import MAPS
 from .garbage import release_file
-from .layout import DELETED_DIR, fsync_dir, is_topic, makedirs_durable, topic_dir
-from .reading import MAPS
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..tiers import Tier
+    from ..topic import Topic
 
 log = logging.getLogger(__name__)
+
+
+class DeletionHost(Protocol):
+    """What deleting a topic needs of the store that holds it."""
+
+    root: str
+    tiers: list[Tier]
+
+    def topic(self, name: str) -> Topic:
+        """The handle of an existing topic; TopicNotFound lists the topics."""
+
+    def forget_topic(self, name: str) -> None:
+        """Close the cached handle on topic ``name`` and its cached lock files."""
+
+    def claim_remote(self, tier: Tier) -> None:
+        """Make sure remote ``tier`` is this store's before deleting files there."""
 
 
 def _bury(path: str, graves: str, name: str) -> None:
@@ -45,7 +72,7 @@ def _bury(path: str, graves: str, name: str) -> None:
     fsync_dir(graves)
 
 
-def _bury_strays(store: Store, tier_dir: str, graves: str) -> None:
+def _bury_strays(store: DeletionHost, tier_dir: str, graves: str) -> None:
     """Move to the graves a tier's directories of topics that do not exist: what a writer
     holding a handle on a deleted topic created there after the deletion. (A topic's tier
     directories are made by its appends, after its commit log exists.)"""
@@ -63,7 +90,7 @@ def _bury_strays(store: Store, tier_dir: str, graves: str) -> None:
         _bury(d, graves, f"{n}.stray-{uuid.uuid4().hex[:8]}")
 
 
-def delete_topic(store: Store, name: str) -> int:
+def delete_topic(store: DeletionHost, name: str) -> int:
     """Delete topic ``name`` of ``store`` (see the module's steps); returns the number of
     its segment files still pinned by readers, reclaimed by a later pass."""
     topic = store.topic(name)  # TopicNotFound listing the topics
@@ -85,7 +112,7 @@ def delete_topic(store: Store, name: str) -> int:
     return reclaim_deleted(store)
 
 
-def reclaim_deleted(store: Store) -> int:
+def reclaim_deleted(store: DeletionHost) -> int:
     """Reclaim what deleted topics left: their logs, and their segment files that no reader
     pins. Returns how many files are still pinned (left for the next pass)."""
     graves = os.path.join(store.root, DELETED_DIR)
@@ -118,4 +145,4 @@ def reclaim_deleted(store: Store) -> int:
     return pinned
 
 
-__all__ = ["delete_topic", "reclaim_deleted"]
+__all__ = ["DeletionHost", "delete_topic", "reclaim_deleted"]

@@ -1,0 +1,252 @@
+"""A commit log in a directory of a local or NFS filesystem.
+
+Layout (names from :mod:`tier_store.layout`)::
+
+    <20-digit>.json        entry, one per version
+    <20-digit>.checkpoint  checkpoint (an Arrow IPC file)
+    _last_checkpoint       the hint: version of the newest checkpoint, as decimal text
+    _last_checkpoint.lock  flock held while moving the hint forward
+    .tmp-<pid>-<random>    a file being written, linked to its name once complete
+
+Put-if-absent is ``link(2)`` of a complete, fsynced temporary file to the entry's name:
+``link`` fails when the name exists, and the name appears with the whole file or not at
+all. The directory is fsynced after the link, so a published entry survives a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from ..crash import crash_point
+from ..errors import TopicDeleted
+from ..layout import (
+    CHECKPOINT_LOCK,
+    CHECKPOINT_SUFFIX,
+    ENTRY_SUFFIX,
+    LAST_CHECKPOINT,
+    TMP_PREFIX,
+    checkpoint_name,
+    entry_name,
+    file_lock,
+    fsync_dir,
+    parse_log_name,
+    write_atomic,
+    write_temp,
+)
+from .base import Blob, LogFile, LogStore
+
+
+class PosixLogStore(LogStore):
+    """The ``_log/`` directory of one topic (see the module for its files)."""
+
+    def __init__(self, path: str, topic: str):
+        self.location = self.path = path
+        self.topic = topic
+        # (st_dev, st_ino) of the directory when first seen: a topic deleted and created
+        # again has a new one, and this store must never publish into or read from it. The
+        # directory is held open, so its inode number cannot be reused while we compare.
+        self._ident: tuple[int, int] | None = None
+        self._dir_fd = -1
+        self._pin_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"PosixLogStore({self.path!r}, {self.topic!r})"
+
+    # -- the log as a whole ---------------------------------------------------------------
+    def exists(self) -> bool:
+        return os.path.isdir(self.path)
+
+    def check_incarnation(self) -> None:
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            now = None
+        if self._ident is None:
+            if now is not None:
+                self._pin(now)
+        elif now != self._ident:
+            again = " and created again" if now is not None else ""
+            raise TopicDeleted(f"topic {self.topic!r} was deleted{again} since this handle "
+                               "opened it: open the topic again")
+
+    def _pin(self, now: tuple[int, int]) -> None:
+        """Hold the directory open as this store's incarnation, if it is still ``now``."""
+        with self._pin_lock:  # two threads pinning at once would leak a descriptor
+            if self._ident is not None:
+                return
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            held = os.fstat(fd)
+            if (held.st_dev, held.st_ino) != now:
+                os.close(fd)  # replaced in between: compare against the next look
+                return
+            self._dir_fd, self._ident = fd, now
+
+    def close(self) -> None:
+        fd, self._dir_fd = self._dir_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def entry_location(self, version: int) -> str:
+        return os.path.join(self.path, entry_name(version))
+
+    def checkpoint_location(self, version: int) -> str:
+        return os.path.join(self.path, checkpoint_name(version))
+
+    # -- entries --------------------------------------------------------------------------
+    def put_if_absent(self, version: int, data: bytes) -> bool:
+        self.check_incarnation()
+        try:
+            tmp = write_temp(self.path, data)
+        except FileNotFoundError:
+            self.check_incarnation()  # deleted meanwhile: TopicDeleted
+            raise
+        crash_point("log.publish.tmp")
+        try:
+            # Linked into the directory this store pinned (held open), never into a topic
+            # created under the name since.
+            if self._dir_fd >= 0:
+                os.link(tmp, entry_name(version), dst_dir_fd=self._dir_fd)
+            else:
+                os.link(tmp, self.entry_location(version))
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        crash_point("log.publish.linked")
+        if self._dir_fd >= 0:
+            os.fsync(self._dir_fd)
+        else:
+            fsync_dir(self.path)
+        # Published into a deleted topic's directory: it is visible nowhere.
+        self.check_incarnation()
+        return True
+
+    def read(self, version: int) -> bytes | None:
+        try:
+            with open(self.entry_location(version), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def contains(self, version: int) -> bool:
+        return os.path.exists(self.entry_location(version))
+
+    def versions(self, from_version: int = 0) -> list[int]:
+        return self._versions(ENTRY_SUFFIX, from_version)
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+
+    def _versions(self, suffix: str, from_version: int = 0) -> list[int]:
+        return sorted(p[0] for n in self._names()
+                      if (p := parse_log_name(n)) and p[1] == suffix and p[0] >= from_version)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def write_checkpoint(self, version: int, data: Blob) -> bool:
+        view = memoryview(data)
+        tmp = os.path.join(self.path, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                half = len(view) // 2
+                _write_all(fd, view[:half])
+                crash_point("checkpoint.write")
+                _write_all(fd, view[half:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, self.checkpoint_location(version))
+        except FileExistsError:
+            return False  # another committer wrote the same version's checkpoint
+        finally:
+            os.unlink(tmp)
+        fsync_dir(self.path)
+        return True
+
+    def read_checkpoint(self, version: int) -> Blob | None:
+        try:
+            # Mapped, not read: the buffer keeps the mapping alive after the file is closed.
+            with pa.memory_map(self.checkpoint_location(version), "r") as mm:
+                return mm.read_buffer()
+        except FileNotFoundError:
+            return None
+
+    def checkpoints(self) -> list[int]:
+        return self._versions(CHECKPOINT_SUFFIX)
+
+    def last_checkpoint_hint(self) -> int | None:
+        try:
+            with open(os.path.join(self.path, LAST_CHECKPOINT), "rb") as f:
+                return int(f.read().strip())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None  # a torn hint cannot happen (atomic rename); be lenient anyway
+
+    def advance_checkpoint_hint(self, version: int) -> int | None:
+        # Re-read under the lock: a writer that stalled while others wrote newer
+        # checkpoints (and cleaned up behind them) must not move the hint back. The flock
+        # is released by the kernel when its process dies: a crash leaves no lock behind.
+        with file_lock(os.path.join(self.path, CHECKPOINT_LOCK)):
+            previous = self.last_checkpoint_hint()
+            if previous is None or previous < version:
+                write_atomic(os.path.join(self.path, LAST_CHECKPOINT), str(version).encode())
+            return previous
+
+    # -- cleanup --------------------------------------------------------------------------
+    def listing(self, below: int | None = None) -> list[LogFile]:
+        found: list[tuple[int, str]] = []
+        for name in self._names():
+            parsed = parse_log_name(name)
+            if parsed is not None and (below is None or parsed[0] < below):
+                found.append((parsed[0], name))
+        files = []
+        for version, name in sorted(found):  # ".checkpoint" sorts before ".json"
+            try:
+                mtime = os.stat(os.path.join(self.path, name)).st_mtime
+            except FileNotFoundError:
+                continue
+            files.append(LogFile(version, name.endswith(CHECKPOINT_SUFFIX), mtime))
+        return files
+
+    def delete(self, files: Iterable[LogFile]) -> int:
+        deleted = 0
+        for f in files:
+            path = self.checkpoint_location(f.version) if f.checkpoint \
+                else self.entry_location(f.version)
+            try:
+                os.unlink(path)
+                deleted += 1
+            except FileNotFoundError:
+                continue
+        return deleted
+
+    def discard_temporaries(self, older_than: float) -> int:
+        deleted = 0
+        for name in self._names():
+            if not name.startswith(TMP_PREFIX):
+                continue
+            full = os.path.join(self.path, name)
+            try:
+                if os.stat(full).st_mtime < older_than:
+                    os.unlink(full)
+                    deleted += 1
+            except FileNotFoundError:
+                pass
+        return deleted
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]

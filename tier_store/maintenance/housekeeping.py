@@ -1,0 +1,66 @@
+"""Housekeeping: what runs after a topic published a commit.
+
+What it does: :func:`after_commit`, called by the store
+(:meth:`~tier_store.host.TopicHost.after_commit`) after each commit that made records
+visible, under the committing handle's lock:
+
+1. Every ``log.checkpoint.interval`` versions (or when the last checkpoint this handle
+   wrote is ``2 * log.checkpoint.interval`` versions old), write a checkpoint of the state
+   (:meth:`~tier_store.topic.Topic.write_checkpoint`), then collect garbage
+   (:mod:`.garbage`).
+2. Apply retention (:mod:`.retention`).
+
+Each step is crash-safe on its own (see its module); a crash between them leaves the rest
+to a later commit.
+
+DANGER: what its steps delete: segments past retention, unreferenced segment files (see
+those modules for what protects readers), and the commit-log entries and checkpoints a new
+checkpoint supersedes, once older than ``log.cleanup.grace.ms`` (a reader loading the log
+meanwhile still finds them). Its own rule: the
+commit is already visible, so a failure here is logged, never raised. A caller told that
+its commit failed would retry it and, without a writer id, append its records twice. A
+failed checkpoint is written by a later commit (at most ``2 * log.checkpoint.interval``
+versions on); garbage and retention run again too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .garbage import collect_garbage
+from .retention import apply_retention
+
+if TYPE_CHECKING:
+    from ..topic import Topic
+
+log = logging.getLogger(__name__)
+
+
+def after_commit(topic: Topic) -> None:
+    """Housekeeping after ``topic`` published a commit: checkpoint, garbage, retention.
+    Failures are logged, never raised (see the module docstring)."""
+    version = topic.state(refresh=False).version
+    interval = topic.setting("log.checkpoint.interval")
+    if version % interval == 0 or version - topic.checkpointed_version >= 2 * interval:
+        try:
+            topic.write_checkpoint()
+        except Exception as e:
+            _failed(topic, version, f"writing the checkpoint at version {version}", e)
+        try:
+            collect_garbage(topic)
+        except Exception as e:
+            _failed(topic, version, "collecting garbage", e)
+    try:
+        apply_retention(topic)
+    except Exception as e:
+        _failed(topic, version, "applying retention", e)
+
+
+def _failed(topic: Topic, version: int, what: str, e: Exception) -> None:
+    log.warning("topic %s: %s after committing version %d failed: %s: %s (the commit "
+                "stands; this is retried after a later commit)", topic.name, what, version,
+                type(e).__name__, e)
+
+
+__all__ = ["after_commit"]

@@ -1,0 +1,27 @@
+"""What a store owns and how it proves it: its saved configuration (``_store.json``), the
+claims on its tiers, opening and creating it, the relocation fence, relocating a tier, and
+the seam (:class:`RootFiles`) through which it reads and writes its root's own files."""
+
+from __future__ import annotations
+
+from .claims import claim_of, claim_tier
+from .fence import RelocationFence
+from .opening import Opened, open_root
+from .relocate import Relocation, relocate_tier
+from .rootfiles import PosixRootFiles, RootFiles
+from .saved import decode_saved, encode_saved, jsonable
+
+__all__ = [
+    "Opened",
+    "PosixRootFiles",
+    "Relocation",
+    "RelocationFence",
+    "RootFiles",
+    "claim_of",
+    "claim_tier",
+    "decode_saved",
+    "encode_saved",
+    "jsonable",
+    "open_root",
+    "relocate_tier",
+]

@@ -1,0 +1,186 @@
+"""Opening a store: its saved configuration checked against what the caller gives, its
+tiers checked, claimed and prepared, or the store created.
+
+Opens hold ``_store.lock`` shared; creating a store holds it exclusively, so two processes
+creating one store never claim its tiers against each other, and a resize (exclusive) is
+never half seen.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..commit_log import CommitLog
+from ..config import LAYOUT_KEYS, StoreConfig, TierSpec, parse_config, render_value, tier_key
+from ..errors import ConfigError, StoreNotFound
+from ..layout import (
+    STORE_FILE,
+    STORE_LOCK,
+    TIER_OWNER,
+    is_url,
+    log_dir,
+    makedirs_durable,
+    topic_names,
+)
+from ..tiers import Tier, make_tier
+from .claims import check_apart, claim_local_tiers
+from .rootfiles import RootFiles
+from .saved import FORMAT, decode_saved, encode_saved, inside, relocations, tier_overlap
+
+
+@dataclass
+class Opened:
+    """What opening a store established."""
+
+    config: StoreConfig  # the saved configuration with the given overrides
+    tiers: list[Tier]
+    store_id: str
+    relocations: list[int]  # each tier's relocation count at the open
+
+
+def open_root(files: RootFiles, given: Mapping[str, Any], create: bool) -> Opened:
+    """Open the store whose root ``files`` holds, with the settings ``given`` (tier paths
+    resolved); create it first unless it exists or ``create`` is False
+    (:class:`StoreNotFound`)."""
+    root = files.root
+    if not create and files.read(STORE_FILE) is None:
+        why = "" if os.path.isdir(root) else (
+            ": the directory does not exist" if not os.path.lexists(root) else
+            ": it is not a directory")
+        raise StoreNotFound(f"no pafka store at {root} (no {STORE_FILE}{why}); check the path, "
+                            "or create the store by writing to it")
+    files.make_root()
+    # Shared against a resize, which saves a new size and changes the pool under the
+    # exclusive lock: an open never completes a pool to a size read before that.
+    with files.lock(STORE_LOCK, shared=True):
+        saved = decode_saved(files.read(STORE_FILE), root)
+        if saved is not None:
+            return _open_saved(root, saved, given)
+    with files.lock(STORE_LOCK):
+        if files.read(STORE_FILE) is None:
+            _create(files, root, StoreConfig(dict(given)))
+    with files.lock(STORE_LOCK, shared=True):
+        saved = decode_saved(files.read(STORE_FILE), root)
+        if saved is None:
+            raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
+        return _open_saved(root, saved, given)
+
+
+def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]) -> Opened:
+    """Check ``given`` against the store's saved configuration and its tiers, claim and
+    prepare them. Under the shared lock."""
+    store_id = saved["id"]
+    base = StoreConfig(parse_config(saved["config"]))
+    _check_layout(root, base, given, saved["layout"])
+    effective = base.with_overrides(given)
+    specs = effective.tiers(root)
+    _check_tier_dirs(root, store_id, specs)
+    claim_local_tiers(root, store_id, specs)
+    tiers = [make_tier(spec, effective) for spec in specs]
+    for t in tiers:
+        t.prepare()
+        # On every open, not only the first: a crash while pre-allocating (or a tier on RAM
+        # that lost its files) must not leave a pool short for good. Cheap once complete.
+        t.ensure_pool()
+    return Opened(effective, tiers, store_id, relocations(saved))
+
+
+def _create(files: RootFiles, root: str, config: StoreConfig) -> None:
+    """Create the store at ``root``: make and claim its tiers, then save ``_store.json``."""
+    specs = config.tiers(root)
+    _check_distinct_tiers(root, specs)
+    store_id = uuid.uuid4().hex
+    check_apart(root, store_id, specs)
+    # Made and claimed before _store.json exists: from then on, a missing or unclaimed one
+    # has moved or is lost, and a store refused a tier is not left behind.
+    for spec in specs:
+        if not is_url(spec.path):
+            makedirs_durable(spec.path)
+    claim_local_tiers(root, store_id, specs)
+    saved = {"format": FORMAT, "id": store_id, "config": config.explicit(),
+             "layout": config.layout(root)}
+    if not files.create(STORE_FILE, encode_saved(root, saved)):
+        raise ConfigError(f"{root}/{STORE_FILE} appeared while the store was being created "
+                          "under its lock: was it written by hand?")
+
+
+def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
+    """A new store's tiers are each a place of their own, apart from the root's own files."""
+    real_root = os.path.realpath(root)
+    for i, spec in enumerate(specs):
+        if not is_url(spec.path) and inside(os.path.realpath(spec.path), real_root):
+            raise ConfigError(f"storage.tiers.{spec.number}.paths={spec.path} is the store's "
+                              f"root {root} or holds it; a tier needs a directory of its own")
+        for other in specs[:i]:
+            if tier_overlap(spec.path, other.path):
+                raise ConfigError(
+                    f"storage.tiers.{other.number}.paths={other.path} and storage.tiers."
+                    f"{spec.number}.paths={spec.path} overlap; each tier needs a place of its "
+                    "own")
+
+
+def _check_tier_dirs(root: str, store_id: str, specs: list[TierSpec]) -> None:
+    """An existing store's local tier directories are the ones it was made with: made (and
+    claimed, outside the root) before its _store.json was saved, a missing or unclaimed
+    one was moved, lost or is an unmounted mount point. Writing there would put new
+    segments where none of the old ones are, and split the tier. A missing one in the root
+    that no segment is on (a release that saved _store.json first) is made."""
+    real_root = os.path.realpath(root)
+    for spec in specs:
+        if is_url(spec.path):
+            continue
+        outside = not inside(real_root, os.path.realpath(spec.path))
+        hint = f"`pafka relocate {root} {spec.number} DIR`"
+        if os.path.isdir(spec.path):
+            if not outside or os.path.lexists(os.path.join(spec.path, TIER_OWNER)):
+                continue
+            what = (f"has no {TIER_OWNER}: it is not the directory the tier was made in (an "
+                    "unmounted mount point, or a directory made anew). If it is, record it "
+                    f"with {hint} naming it")
+        elif not outside and not _has_segments(root, spec.number):
+            makedirs_durable(spec.path)
+            continue
+        else:
+            what = "is missing"
+        lost = (f"create the directory with an empty {TIER_OWNER} file in it" if outside else
+                "create the empty directory")
+        raise ConfigError(
+            f"tier {spec.number} directory {spec.path} of the store at {root} {what}. If the "
+            f"tier moved, record where with {hint}; if its data is lost (e.g. a RAM tier "
+            f"after a reboot), {lost} to open the store without it (reads of its segments "
+            "then fail as data loss)")
+
+
+def _has_segments(root: str, number: int) -> bool:
+    """Whether a committed segment of any topic is on tier ``number``."""
+    return any(s.tier == number for name in topic_names(root)
+               for s in CommitLog(log_dir(root, name), name).load().segments.values())
+
+
+def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],
+                  saved_layout: dict[str, Any]) -> None:
+    for key, value in given.items():
+        if key in LAYOUT_KEYS and value != saved[key] and tier_key(key) is None:
+            raise ConfigError(
+                f"{key}={render_value(value)} conflicts with the store at {root}, created with "
+                f"{key}={render_value(saved[key])}; layout keys cannot change")
+    now_conf = saved.with_overrides(given)
+    now = now_conf.layout(root)
+    for n, (a, b) in enumerate(zip(now["tier.paths"], saved_layout["tier.paths"], strict=False),
+                               1):
+        if a != b:
+            raise ConfigError(f"storage.tiers.{n}.paths={a} conflicts with the store at {root}, "
+                              f"created with {b}; if tier {n}'s directory has moved there, "
+                              f"record it with `pafka relocate {root} {n} {a}` "
+                              "(tier_store.relocate_tier)")
+    for a, b in zip(now_conf.tiers(root), saved.tiers(root), strict=False):
+        if a.size != b.size:
+            raise ConfigError(
+                f"storage.tiers.{a.number}.sizes={a.size} conflicts with the store at {root}, "
+                f"whose tier {a.number} has a capacity of {b.size} bytes; a tier's size "
+                f"changes with `pafka resize {root} {a.number} SIZE` (Store.resize_tier), for "
+                "every process at once")

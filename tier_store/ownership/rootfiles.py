@@ -1,0 +1,119 @@
+"""The seam for what a store keeps under its root, besides the topics' commit logs.
+
+A store's root holds small files of its own state — ``_store.json`` (its configuration,
+layout and tier relocation counts), ``_migration.json`` (the migration service's counters)
+— the store and tier locks (``_store.lock``: opens against a resize or relocation;
+``_tiers.lock``: the relocation fence around every publish), and one directory per topic.
+Everything the store does with them goes through :class:`RootFiles`, stated as a contract
+so that another implementation (an object store, where ``create`` is a put-if-absent and
+locks become conditional writes) can take the place of :class:`PosixRootFiles` without
+touching the store's logic.
+
+Contract:
+
+* ``read(name)`` returns a file's whole content as last replaced or created, or None when
+  there is none; never a partial write.
+* ``create(name, data)`` makes the file iff it does not exist, atomically (two creators:
+  exactly one gets True) and durably on return.
+* ``replace(name, data)`` replaces the content atomically and durably: a reader sees the
+  old or the new content, a crash leaves one of them.
+* ``stamp(name)`` changes whenever the file is created or replaced (None if there is none):
+  a cached parse is reused while it is the same.
+* ``lock(name, shared)`` holds a lock across processes of this host until the context
+  exits (exclusive unless ``shared``); the holder's death releases it.
+* ``topic_names()`` lists the topics (directories whose commit log has begun), sorted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterator
+
+from ..layout import file_lock, fsync_dir, makedirs_durable, topic_names, write_atomic, write_temp
+
+
+class RootFiles(ABC):
+    """A store root's own files and locks (see the module docstring for the contract)."""
+
+    root: str
+
+    @abstractmethod
+    def read(self, name: str) -> bytes | None: ...
+
+    @abstractmethod
+    def create(self, name: str, data: bytes) -> bool: ...
+
+    @abstractmethod
+    def replace(self, name: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def stamp(self, name: str) -> Hashable | None: ...
+
+    @abstractmethod
+    def lock(self, name: str, shared: bool = False) -> contextlib.AbstractContextManager[None]:
+        ...
+
+    @abstractmethod
+    def topic_names(self) -> list[str]: ...
+
+    @abstractmethod
+    def make_root(self) -> None:
+        """Create the root if missing (durably)."""
+
+
+class PosixRootFiles(RootFiles):
+    """A root directory on a local (POSIX) filesystem: ``link()`` for create, rename for
+    replace, ``flock`` for locks."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def _path(self, name: str) -> str:
+        if os.sep in name or name in ("", ".", ".."):
+            raise ValueError(f"not a file name of a store root: {name!r}")
+        return os.path.join(self.root, name)
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            fd = os.open(self._path(name), os.O_RDONLY | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def create(self, name: str, data: bytes) -> bool:
+        tmp = write_temp(self.root, data)
+        try:
+            os.link(tmp, self._path(name))
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        fsync_dir(self.root)
+        return True
+
+    def replace(self, name: str, data: bytes) -> None:
+        write_atomic(self._path(name), data)
+
+    def stamp(self, name: str) -> Hashable | None:
+        try:
+            st = os.stat(self._path(name))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+    @contextlib.contextmanager
+    def lock(self, name: str, shared: bool = False) -> Iterator[None]:
+        with file_lock(self._path(name), shared=shared):
+            yield
+
+    def topic_names(self) -> list[str]:
+        return topic_names(self.root)
+
+    def make_root(self) -> None:
+        makedirs_durable(self.root)
+
+
+__all__ = ["PosixRootFiles", "RootFiles"]

@@ -1,0 +1,245 @@
+"""Reader pins: memory maps of segment files, cached per process, each holding a shared
+``flock`` on its file.
+
+A segment that moved (or was deleted) is released only once no reader pins it: garbage
+collection and pool tiers take the exclusive lock before a file goes (see
+:mod:`tier_store.maintenance.garbage`). A mapping unused for :data:`PIN_IDLE_S` is dropped,
+and with it the pin. Files are opened without following symbolic links, and a mapped file
+must be the one its path names, with a header naming the segment its path names.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from .errors import CorruptSegment, PafkaError
+from .layout import SEGMENT_SUFFIX
+from .segment import HEADER_FIELDS, SegmentHeader
+
+PIN_IDLE_S = 5.0
+"""A cached mapping unused this long is dropped, and with it the reader's pin on the file."""
+
+
+class _PinnedMap(mmap.mmap):
+    """A read-only mapping that holds a shared ``flock`` on its file (a reader pin) until the
+    mapping itself is freed, i.e. until no Arrow buffer sliced from it is alive any more.
+    A freed pool file returns to the pool only once an exclusive lock on it succeeds
+    (:func:`~tier_store.maintenance.garbage.release_file`), so a pinned file is never reused under a
+    reader; the kernel drops the pin when the process dies."""
+
+    pin_fd = -1
+
+    def __del__(self) -> None:
+        fd, self.pin_fd = self.pin_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+@dataclass
+class _Mapped:
+    dev: int
+    ino: int
+    buf: pa.Buffer
+    owner: tuple[str, str] | None  # (topic, partition) of a segment path
+    used: float
+
+
+class MappedFiles:
+    """Read-only, pinned Arrow memory maps of segment files, cached per process.
+
+    A growing file (a file tier's active segment) is remapped when a chunk lies past the
+    mapped length. A cached mapping is used only while the path still names the same inode.
+    Each mapping pins its file (:class:`_PinnedMap`); a cached one is dropped — unpinning the
+    file once the batches read from it are gone — when it is unused for :data:`PIN_IDLE_S`,
+    when the path names another file or none, when a plan of its partition no longer names
+    it (:meth:`forget`), or past ``limit`` mappings. Thread-safe.
+    """
+
+    def __init__(self, limit: int = 256, idle_s: float = PIN_IDLE_S):
+        self._maps: dict[str, _Mapped] = {}
+        self._limit = limit
+        self._idle_s = idle_s
+        self._lock = threading.Lock()
+        self._janitor: threading.Thread | None = None
+
+    def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
+        return self.whole(path, pos, length).slice(pos, length)
+
+    def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
+        """The mapping of ``path``, which holds ``[pos, pos + length)``. FileNotFoundError
+        when the path names no file (or stopped naming the one we opened)."""
+        st = os.stat(path, follow_symlinks=False)  # FileNotFoundError for a missing file
+        now = time.monotonic()
+        with self._lock:
+            hit = self._maps.get(path)
+            if hit is not None and (hit.dev, hit.ino) == (st.st_dev, st.st_ino) and \
+                    pos + length <= hit.buf.size:
+                hit.used = now
+                return hit.buf
+        buf, dev, ino = pin_map(path)
+        if pos + length > buf.size:
+            raise CorruptSegment(f"{path}: chunk [{pos}, {pos + length}) lies past the file's "
+                                 f"end ({buf.size} bytes)")
+        with self._lock:
+            self._drop_idle(now)
+            if len(self._maps) >= self._limit:
+                self._maps.pop(next(iter(self._maps)))
+            self._maps.pop(path, None)  # re-inserted last: the dict's order is LRU-ish
+            self._maps[path] = _Mapped(dev, ino, buf, owner_of(path), now)
+            self._start_janitor()
+        return buf
+
+    def forget(self, keep: set[str], owners: set[tuple[str, str]]) -> None:
+        """Drop the cached mappings of the partitions ``owners`` (as :func:`_owner` names
+        them) whose paths are not in ``keep``: segments a plan no longer names (moved,
+        merged or deleted) are unpinned instead of held until the process ends."""
+        with self._lock:
+            for path in [p for p, m in self._maps.items()
+                         if m.owner in owners and p not in keep]:
+                del self._maps[path]
+
+    def drop(self, paths: set[str]) -> None:
+        """Drop the cached mappings of ``paths`` (e.g. a move's sources once it is done)."""
+        with self._lock:
+            for path in paths:
+                self._maps.pop(path, None)
+
+    def drop_under(self, prefixes: list[str]) -> None:
+        """Drop the cached mappings of paths under ``prefixes`` (a deleted topic's)."""
+        with self._lock:
+            for path in [p for p in self._maps if p.startswith(tuple(prefixes))]:
+                del self._maps[path]
+
+    def pinned(self) -> list[str]:
+        """Paths of the cached mappings (each pins its file)."""
+        with self._lock:
+            return list(self._maps)
+
+    def _drop_idle(self, now: float) -> None:
+        for path in [p for p, m in self._maps.items() if now - m.used > self._idle_s]:
+            del self._maps[path]
+
+    def _start_janitor(self) -> None:
+        # A worker that stops reading must not pin its last files until it exits.
+        if self._janitor is None or not self._janitor.is_alive():
+            self._janitor = threading.Thread(target=self._sweep, name="pafka-unpin",
+                                             daemon=True)
+            self._janitor.start()
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(self._idle_s / 2)
+            with self._lock:
+                self._drop_idle(time.monotonic())
+                if not self._maps:
+                    self._janitor = None
+                    return
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
+
+    def _after_fork(self) -> None:
+        # The child shares the parent's pins (open file descriptions); its own copies go,
+        # and the janitor thread did not survive the fork.
+        self._lock = threading.Lock()
+        self._maps.clear()
+        self._janitor = None
+
+
+MAPS = MappedFiles()
+os.register_at_fork(after_in_child=MAPS._after_fork)
+
+PIN_WAIT_S = 10.0
+"""How long a reader waits for a move or a release holding a segment file exclusively."""
+
+
+def owner_of(path: str) -> tuple[str, str] | None:
+    """(topic, partition) of a segment file's path, whatever its tier; None for other
+    files."""
+    pdir, name = os.path.split(path)
+    tdir, part = os.path.split(pdir)
+    if not (part.isdigit() and name.endswith(SEGMENT_SUFFIX)
+            and name[: -len(SEGMENT_SUFFIX)].isdigit()):
+        return None
+    return os.path.basename(tdir), part
+
+
+def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
+    """Map ``path`` read-only with a reader pin on it: (buffer, st_dev, st_ino).
+
+    The file is opened without following a symlink; the pin (a shared ``flock``) is taken,
+    then the path is checked to still name the file opened — a file released to a pool
+    meanwhile (under an exclusive lock) is FileNotFoundError, as a moved segment's is — and
+    a segment file's header must name the partition and sequence its path does, so a reused
+    file is never read as the old segment (:class:`CorruptSegment` otherwise)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CorruptSegment(f"{path} is a symbolic link: segment files are never read "
+                                 "through links") from None
+        raise
+    try:
+        deadline = time.monotonic() + PIN_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # A move publishing its copy, or a release checking this file: brief.
+                if time.monotonic() > deadline:
+                    raise PafkaError(f"{path}: held exclusively by another process for over "
+                                     f"{PIN_WAIT_S:g} s (a move or a release that stalled); "
+                                     "cannot pin it for reading, try again") from None
+                time.sleep(0.002)
+        held = os.fstat(fd)
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            named = None
+        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            raise FileNotFoundError(errno.ENOENT, "segment file was released while opened",
+                                    path)
+        if not stat.S_ISREG(held.st_mode):
+            raise CorruptSegment(f"{path} is not a regular file")
+        if held.st_size == 0:
+            os.close(fd)
+            return pa.py_buffer(b""), held.st_dev, held.st_ino
+        owner = owner_of(path)
+        if owner is not None:
+            _check_header(fd, path, int(owner[1]),
+                          int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)]))
+        m = _PinnedMap(fd, 0, prot=mmap.PROT_READ)
+        m.pin_fd = fd  # closed (unpinned) when the mapping is freed
+        return pa.py_buffer(m), held.st_dev, held.st_ino
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_header(fd: int, path: str, partition: int, seq: int) -> None:
+    hdr = SegmentHeader.unpack(os.pread(fd, HEADER_FIELDS, 0), path)
+    if (hdr.partition, hdr.seq) != (partition, seq):
+        raise CorruptSegment(f"{path}: its header names segment {hdr.partition}-{hdr.seq}, "
+                             f"not {partition}-{seq} as its path does")
+
+
+def map_file(path: str) -> pa.Buffer:
+    """A read-only shared mapping of the whole file as an Arrow buffer, pinned (see
+    :func:`pin_map`). Not ``pa.memory_map(...).read_buffer()``: that advises WILLNEED on the
+    whole file, which costs 100 µs per 64 MiB segment on tmpfs and would read a whole
+    segment from a disk to serve one chunk of it."""
+    return pin_map(path)[0]
+
+
+__all__ = ["MAPS", "PIN_IDLE_S", "PIN_WAIT_S", "MappedFiles", "map_file", "owner_of", "pin_map"]
