@@ -12,6 +12,7 @@ from tier_store import Store, check_topic
 from tier_store.crash import POINTS
 
 from .conftest import PYTHON, ROOT, make_batch
+from .support import pmem_hdd_config
 
 N_APPENDS = 40
 
@@ -22,9 +23,7 @@ def _conf(kind, tmp_path, shm_dir):
     if kind == "file-direct":  # every chunk past the page cache, most sharing a block
         base["log.file.direct.bytes"] = "4k"
     if kind.startswith("pmem"):
-        base.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-                     "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "8m",
-                     "log.pmem.pool.ratio": 1.0})
+        base.update(pmem_hdd_config(shm_dir, **{"storage.tiers.first.sizes": "8m"}))
     return base
 
 

@@ -12,35 +12,17 @@ import time
 import pytest
 
 from migration import MigrationService
-from tier_store import MAPS, CommitConflict, Store, TopicDeleted, TopicNotFound
+from tier_store import CommitConflict, Store, TopicDeleted, TopicNotFound
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
-
-
-def _store(tmp_path, shm_dir, **extra):
-    return Store.open(tmp_path / "store", {
-        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
-        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, **extra})
+from .support import fill
+from .support import no_cached_maps as no_cached_maps
+from .support import open_pmem_hdd as _store
+from .support import pafka as _pafka
 
 
 def _fill(s, name="t", n=30):
-    t = s.create_topic(name, SCHEMA, partitions=2)
-    for i in range(n):
-        t.append(make_batch(i * 200, 200), partition=i % 2)
-    return t
-
-
-def _pafka(*args):
-    pafka = os.path.join(os.path.dirname(PYTHON), "pafka")
-    return subprocess.run([pafka, *args], capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture(autouse=True)
-def _no_cached_maps():
-    MAPS.clear()
-    yield
-    MAPS.clear()
+    return fill(s, n, name=name, partitions=2)
 
 
 def test_deleting_a_topic_reclaims_its_files_on_every_tier_and_the_pool(tmp_path, shm_dir):

@@ -12,15 +12,14 @@ from tier_store import MAPS, Store, check_topic
 from tier_store.crash import MOVE_POINTS
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+from .support import pmem_hdd_config
 
 POINTS = MOVE_POINTS
 
 
 def _conf(shm_dir, **extra):
-    return {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
-            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0,
-            "log.cleanup.grace.ms": 0, "storage.migrate.threshold": 0.25, **extra}
+    return pmem_hdd_config(shm_dir, **{
+        "log.cleanup.grace.ms": 0, "storage.migrate.threshold": 0.25, **extra})
 
 
 def _files(store):

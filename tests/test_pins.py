@@ -13,14 +13,8 @@ import pytest
 from tier_store import MAPS, CorruptSegment, Store, seal_idle
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
-
-
-def _store(tmp_path, shm_dir):
-    # The default grace period: nothing here may wait for it.
-    return Store.open(tmp_path / "store", {
-        "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
-        "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
-        "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0})
+from .support import no_cached_maps as no_cached_maps
+from .support import open_pmem_hdd as _store  # the default grace: nothing may wait for it
 
 
 def _two_segments(s):
@@ -39,13 +33,6 @@ def _move_elsewhere(root, segment, tier):
     r = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-
-
-@pytest.fixture(autouse=True)
-def _no_cached_maps():
-    MAPS.clear()
-    yield
-    MAPS.clear()
 
 
 def test_a_pool_file_a_reader_maps_is_not_reused_until_the_reader_lets_go(tmp_path, shm_dir):

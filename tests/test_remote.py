@@ -10,7 +10,8 @@ from migration import MigrationService
 from tier_store import ConfigError, PafkaError, Store, check_topic, relocate_tier
 
 from .conftest import SCHEMA, make_batch, read_all
-from .test_topic import _record_fsyncs
+from .support import fill
+from .support import record_fsyncs as _record_fsyncs
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -28,10 +29,7 @@ def _store(tmp_path, url, **extra):
 
 
 def _fill(s, n=60):
-    t = s.create_topic("t", SCHEMA)
-    for i in range(n):
-        t.append(make_batch(i * 200, 200))
-    return t
+    return fill(s, n)
 
 
 def test_segments_move_to_the_remote_tier_and_read_back_by_ranged_reads(tmp_path, remote_url):

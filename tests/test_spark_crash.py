@@ -8,7 +8,8 @@ import time
 
 from tier_store import Store
 
-from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+from .conftest import PYTHON, ROOT, SCHEMA, read_all
+from .support import fill_keyed
 
 N = 120_000
 
@@ -25,10 +26,7 @@ def _kill_group(p):
 
 
 def _fill(root):
-    s = Store.open(root, {"log.segment.bytes": "1m"})
-    t = s.create_topic("src", SCHEMA, partitions=3)
-    for start in range(0, N, 5000):
-        t.append(make_batch(start, 5000), key="key")
+    fill_keyed(root, "src", N, partitions=3, per_append=5000)
 
 
 def _dst_keys(root):

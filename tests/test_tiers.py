@@ -18,7 +18,7 @@ from tier_store.segment import HEADER_SIZE, SegmentHeader, align
 from tier_store.tiers import FileTier, PmemTier
 
 from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
-from .test_topic import _record_fsyncs
+from .support import record_fsyncs as _record_fsyncs
 
 SEG = 256 * 1024
 

@@ -1,0 +1,91 @@
+"""Helpers shared by several test files (fixtures every file gets live in conftest.py).
+
+A file that needs other defaults keeps a short wrapper naming only what differs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from typing import Any
+
+import pytest
+
+from tier_store import MAPS, Store, Topic
+
+from .conftest import PYTHON, SCHEMA, make_batch
+
+
+def record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
+    """(thread name, path) of every fsync and fdatasync from now on; each still runs."""
+    calls: list[tuple[str, str]] = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+
+        def recording(fd, real=real):
+            calls.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
+            return real(fd)
+        monkeypatch.setattr(os, name, recording)
+    return calls
+
+
+def pmem_hdd_config(shm_dir: str, **extra: Any) -> dict[str, Any]:
+    """A tiered store's configuration: a PMEM tier 1 of 1 MiB on ``shm_dir`` (16 pool files
+    of 64 KiB segments), a disk tier 2; ``extra`` keys added or overriding."""
+    return {"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
+            "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
+            "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0, **extra}
+
+
+def open_pmem_hdd(tmp_path, shm_dir: str, **extra: Any) -> Store:
+    """A store at ``tmp_path/store`` configured by :func:`pmem_hdd_config`."""
+    return Store.open(tmp_path / "store", pmem_hdd_config(shm_dir, **extra))
+
+
+def fill(store: Store, n: int, per: int = 200, name: str = "t",
+         partitions: int | None = None) -> Topic:
+    """Create topic ``name`` (the store's default partition count unless ``partitions``) and
+    append ``n`` batches of ``per`` rows with keys 0, 1, 2, ...; with ``partitions``, batch i
+    goes to partition i % partitions."""
+    t = store.create_topic(name, SCHEMA, partitions=partitions)
+    for i in range(n):
+        t.append(make_batch(i * per, per),
+                 partition=None if partitions is None else i % partitions)
+    return t
+
+
+def fill_keyed(root, topic: str, n: int, partitions: int = 2, per_append: int = 1000,
+               **conf: Any) -> tuple[Store, Topic]:
+    """A store of 1 MiB segments at ``root`` (``conf`` added) with topic ``topic`` holding
+    keys 0..n-1, appended ``per_append`` rows at a time, partitioned by the ``key`` column."""
+    s = Store.open(root, {"log.segment.bytes": "1m", **conf})
+    t = s.create_topic(topic, SCHEMA, partitions=partitions)
+    for start in range(0, n, per_append):
+        t.append(make_batch(start, min(per_append, n - start)), key="key")
+    return s, t
+
+
+def pafka(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``pafka`` command installed beside the tests' Python."""
+    command = os.path.join(os.path.dirname(PYTHON), "pafka")
+    return subprocess.run([command, *args], capture_output=True, text=True, timeout=120)
+
+
+def isolated_env(python: str) -> dict[str, str]:
+    """The caller's environment without anything that could point Python at the repository,
+    with Spark's Python workers on ``python``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYSPARK_DRIVER_PYTHON")}
+    env["PYSPARK_PYTHON"] = python
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return env
+
+
+@pytest.fixture(autouse=True)
+def no_cached_maps():
+    """Autouse where imported: no segment mapping cached by another test (a cached mapping
+    pins its file) before or after each test."""
+    MAPS.clear()
+    yield
+    MAPS.clear()
