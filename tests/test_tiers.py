@@ -456,8 +456,8 @@ def test_pmem_persist_path_is_used_when_libpmem_reports_pmem(shm_dir, tmp_path):
             "log.segment.bytes": "64k"}})
         t = s.create_topic("t", SCHEMA)
         t.append(make_batch(0, 100))
-        w = t._writers[0][1]
-        print("is_pmem", w._map.is_pmem)
+        w = t.partition_log(0).writer
+        print("is_pmem", w.mapping.is_pmem)
         print("rows", sum(b.num_rows for b in t.read(0, 0)))
     """
     env = dict(os.environ, PMEM_IS_PMEM_FORCE="1")

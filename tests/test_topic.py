@@ -400,7 +400,7 @@ def test_commit_of_a_chunk_whose_segment_was_deleted_conflicts(tmp_path):
     sid = f"0-{late[0].seq}"
     from tier_store.entries import DeleteEntry
     st = t.state()
-    assert t._publish(st, DeleteEntry(st.last_ts, (sid,)))
+    assert t.log.publish(st, DeleteEntry(st.last_ts, (sid,)))
     with pytest.raises(CommitConflict, match=f"segment {sid} was moved or deleted"):
         t.commit(late)
 

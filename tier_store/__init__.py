@@ -43,8 +43,9 @@ from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .store import Store
+from .tables import as_table, conform, loose_type
 from .tiers import throttle_tier_writes
-from .topic import Topic, as_table, conform, loose_type
+from .topic import Topic
 
 __version__ = "0.1.0"
 

@@ -18,8 +18,6 @@ import json
 import logging
 import os
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,11 +25,8 @@ import pyarrow as pa
 
 from . import locks, reading
 from .commit_log import CommitLog
-from .config import LAYOUT_KEYS, StoreConfig, canonical_key, load_config, parse_config
-from .entries import CreateEntry, schema_to_text
+from .config import StoreConfig, load_config
 from .errors import (
-    ConfigError,
-    CorruptState,
     InvalidArgument,
     PafkaError,
     TopicDeleted,
@@ -41,7 +36,6 @@ from .errors import (
 from .layout import (
     MIGRATION_FILE,
     STORE_FILE,
-    STORE_LOCK,
     check_topic_name,
     is_topic,
     log_dir,
@@ -57,10 +51,10 @@ from .ownership import (
     RootFiles,
     claim_of,
     claim_tier,
-    decode_saved,
-    encode_saved,
-    jsonable,
+    create_entry,
     open_root,
+    read_json_object,
+    resize_tier,
 )
 from .ownership.saved import resolve_path
 from .placement import Placement
@@ -125,19 +119,8 @@ class Store:
     def migration_totals(self) -> dict[str, Any]:
         """The migration service's counters since the store was made ({} before its first
         run)."""
-        raw = self.files.read(MIGRATION_FILE)
-        if raw is None:
-            return {}
-        where = os.path.join(self.root, MIGRATION_FILE)
-        try:
-            data = json.loads(raw)
-        except ValueError as e:
-            raise CorruptState(f"{where} is not JSON ({e}); delete it to start the counters "
-                               "afresh") from None
-        if not isinstance(data, dict):
-            raise CorruptState(f"{where} holds {type(data).__name__}, not an object; delete it "
-                               "to start the counters afresh")
-        return data
+        return read_json_object(self.files, MIGRATION_FILE, "delete it to start the counters "
+                                "afresh")
 
     def save_migration_totals(self, totals: Mapping[str, Any]) -> None:
         """Replace the migration service's counters (one writer: the service)."""
@@ -167,33 +150,16 @@ class Store:
     def create_topic(self, name: str, schema: pa.Schema, partitions: int | None = None,
                      config: Mapping[str, Any] | None = None) -> Topic:
         """Create a topic with an Arrow schema; :class:`TopicExists` if it is there."""
-        check_topic_name(name)
-        if not isinstance(schema, pa.Schema):
-            raise PafkaError(f"schema of topic {name!r} must be a pyarrow.Schema, "
-                             f"got {type(schema).__name__}")
-        if len(schema) == 0:
-            raise PafkaError(f"schema of topic {name!r} has no columns")
-        if partitions is None:
-            partitions = self.config["num.partitions"]
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise PafkaError(f"partitions of topic {name!r} must be a positive integer, "
-                             f"got {partitions!r}")
-        topic_conf = parse_config(config)
-        fixed = [k for k in topic_conf if k in LAYOUT_KEYS]
-        if fixed:
-            raise ConfigError(f"{', '.join(fixed)} cannot be set per topic: it is part of the "
-                              "store's layout")
+        entry = create_entry(name, schema, self.config["num.partitions"] if partitions is None
+                             else partitions, config)
         ldir = log_dir(self.root, name)
         # <topic>/ in the root and _log/, _partitions/ in <topic>/: all durable before the
         # create entry can be.
         makedirs_durable(ldir)
         makedirs_durable(partitions_dir(self.root, name))
-        entry = CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
-                            {k: jsonable(v) for k, v in topic_conf.items()},
-                            uuid.uuid4().hex)
         if not CommitLog(ldir, name).publish(0, entry):
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
-        log.info("created topic %s with %d partitions", name, partitions)
+        log.info("created topic %s with %d partitions", name, entry.partitions)
         return self.topic(name)
 
     def topic(self, name: str) -> Topic:
@@ -335,24 +301,8 @@ class Store:
         its use is drained by the migration service. Processes that have the store open keep
         the old size until they open it again. Returns the change in pool files (0 for tiers
         without a pool)."""
-        tier = self.tier(number)
-        key = canonical_key(f"storage.tiers.{number}.sizes")
-        new = parse_config({key: size})[key]
-        if tier.type == "REMOTE" and new:
-            raise ConfigError(f"{key}={size}: tier {number} is REMOTE, which has no capacity "
-                              "(0, unbounded)")
-        with self.files.lock(STORE_LOCK):
-            saved = decode_saved(self.files.read(STORE_FILE), self.root)
-            if saved is None:
-                raise ConfigError(f"{self.root}/{STORE_FILE} is gone")
-            saved["config"][key] = new
-
-            def save() -> None:
-                self.files.replace(STORE_FILE, encode_saved(self.root, saved))
-
-            changed = tier.resize(new, save, progress)
-            self.config = self.config.with_overrides({key: new})
-        log.info("store %s: tier %d resized to %d bytes", self.root, number, new)
+        key, new, changed = resize_tier(self.files, self.tier(number), size, progress)
+        self.config = self.config.with_overrides({key: new})
         return changed
 
     def publishing(self, tiers: Iterable[tuple[int, int]] = ()

@@ -50,7 +50,7 @@ from ..layout import TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
 from ..reading import read_range
 from ..segment import HEADER_SIZE, SegmentHeader
 from ..state import SegmentState
-from ..tiers.pmem import PmemSegmentWriter
+from ..tiers.pmem_writer import PmemSegmentWriter
 from .adopt import layout
 
 if TYPE_CHECKING:

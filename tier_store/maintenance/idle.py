@@ -22,16 +22,11 @@ log names, which sealing does not touch.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..layout import segment_id
-
 if TYPE_CHECKING:
     from ..topic import Topic
-
-log = logging.getLogger(__name__)
 
 
 def seal_idle(topic: Topic, idle_ms: int, now_ms: int | None = None) -> list[str]:
@@ -41,32 +36,15 @@ def seal_idle(topic: Topic, idle_ms: int, now_ms: int | None = None) -> list[str
     st = topic.state()
     sealed = []
     for p in range(st.partitions):
-        active = topic.active_segment(p)
+        part = topic.partition_log(p)
+        active = part.active_segment()
         if active is None:
             continue
-        seq, tier_no = active
-        seg = st.segments.get(segment_id(p, seq))
-        if seg is None or seg.tier != tier_no or now - seg.last_ts < idle_ms:
+        seg = st.part(p).segments.get(active[0])
+        if seg is None or seg.tier != active[1] or now - seg.last_ts < idle_ms:
             continue
-        with topic.store.partition_lock(topic.name, p, blocking=False) as held:
-            if not held or topic.active_segment(p) != active:
-                continue
-            tier = topic.store.tier(tier_no)
-            path = tier.segment_path(topic.name, p, seq)
-            try:
-                w = tier.open_segment(path)
-            except OSError as e:
-                # Gone with a tier on RAM (reboot): reads of it fail, the rest still migrates.
-                log.warning("topic %s: active segment %s of partition %d (%s) cannot be "
-                            "opened, not sealed: %s", topic.name, seg.id, p, path, e)
-                continue
-            try:
-                if not w.header().sealed:
-                    w.seal()
-                    sealed.append(seg.id)
-            finally:
-                w.close()
-            # Appends that come later start the next segment (they find this one sealed).
+        if part.seal_idle(active):
+            sealed.append(seg.id)
     return sealed
 
 

@@ -57,10 +57,10 @@ from ..crash import crash_point
 from ..entries import ChunkRecord
 from ..errors import CommitConflict, InvalidArgument, SegmentNotMovable
 from ..layout import REMOTE_LOCK, segment_id
+from ..partition import is_settled
 from ..pins import MAPS
 from ..segment import HEADER_SIZE, align
 from ..state import SegmentState, TopicState
-from ..topic import is_settled
 from .adopt import adopt_local, adopt_remote, layout
 from .copy import discard_own, place_local, upload
 from .garbage import release_file

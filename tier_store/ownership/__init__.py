@@ -8,7 +8,8 @@ from .claims import claim_of, claim_tier
 from .fence import RelocationFence
 from .opening import Opened, open_root
 from .relocate import Relocation, relocate_tier
-from .rootfiles import PosixRootFiles, RootFiles
+from .resize import create_entry, resize_tier
+from .rootfiles import PosixRootFiles, RootFiles, read_json_object
 from .saved import decode_saved, encode_saved, jsonable
 
 __all__ = [
@@ -19,9 +20,12 @@ __all__ = [
     "RootFiles",
     "claim_of",
     "claim_tier",
+    "create_entry",
     "decode_saved",
     "encode_saved",
     "jsonable",
     "open_root",
+    "read_json_object",
     "relocate_tier",
+    "resize_tier",
 ]

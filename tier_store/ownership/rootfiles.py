@@ -27,10 +27,13 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
+from typing import Any
 
+from ..errors import CorruptState
 from ..layout import file_lock, fsync_dir, makedirs_durable, topic_names, write_atomic, write_temp
 
 
@@ -116,4 +119,20 @@ class PosixRootFiles(RootFiles):
         makedirs_durable(self.root)
 
 
-__all__ = ["PosixRootFiles", "RootFiles"]
+def read_json_object(files: RootFiles, name: str, fix: str) -> dict[str, Any]:
+    """File ``name`` of the root as a JSON object ({} if there is none); a damaged one is
+    :class:`CorruptState` naming it and ``fix``."""
+    raw = files.read(name)
+    if raw is None:
+        return {}
+    where = os.path.join(files.root, name)
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise CorruptState(f"{where} is not JSON ({e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise CorruptState(f"{where} holds {type(data).__name__}, not an object; {fix}")
+    return data
+
+
+__all__ = ["PosixRootFiles", "RootFiles", "read_json_object"]

@@ -1,0 +1,68 @@
+"""Resizing a tier and creating a topic's first entry: the store's own records of what it
+holds, checked before anything is written."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from ..config import LAYOUT_KEYS, canonical_key, parse_config
+from ..entries import CreateEntry, schema_to_text
+from ..errors import ConfigError, InvalidArgument
+from ..layout import STORE_FILE, STORE_LOCK, check_topic_name
+from ..tiers import Tier
+from .rootfiles import RootFiles
+from .saved import decode_saved, encode_saved, jsonable
+
+log = logging.getLogger(__name__)
+
+
+def resize_tier(files: RootFiles, tier: Tier, size: int | str,
+                progress: Callable[[int], None] | None) -> tuple[str, int, int]:
+    """Save ``size`` as ``tier``'s capacity in ``_store.json`` and resize it (a pool
+    follows); returns (the size key, the new size, the change in pool files). Under the
+    store's exclusive lock, so an open never sees half of it."""
+    key = canonical_key(f"storage.tiers.{tier.number}.sizes")
+    new = parse_config({key: size})[key]
+    if tier.is_remote and new:
+        raise ConfigError(f"{key}={size}: tier {tier.number} is REMOTE, which has no capacity "
+                          "(0, unbounded)")
+    with files.lock(STORE_LOCK):
+        saved = decode_saved(files.read(STORE_FILE), files.root)
+        if saved is None:
+            raise ConfigError(f"{files.root}/{STORE_FILE} is gone")
+        saved["config"][key] = new
+        changed = tier.resize(new, lambda: files.replace(STORE_FILE,
+                                                         encode_saved(files.root, saved)),
+                              progress)
+    log.info("store %s: tier %d resized to %d bytes", files.root, tier.number, new)
+    return key, new, changed
+
+
+def create_entry(name: str, schema: Any, partitions: Any,
+                 config: Mapping[str, Any] | None) -> CreateEntry:
+    """The ``create`` entry of a new topic, its arguments checked."""
+    check_topic_name(name)
+    if not isinstance(schema, pa.Schema):
+        raise InvalidArgument(f"schema of topic {name!r} must be a pyarrow.Schema, "
+                              f"got {type(schema).__name__}")
+    if len(schema) == 0:
+        raise InvalidArgument(f"schema of topic {name!r} has no columns")
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise InvalidArgument(f"partitions of topic {name!r} must be a positive integer, "
+                              f"got {partitions!r}")
+    topic_conf = parse_config(config)
+    fixed = [k for k in topic_conf if k in LAYOUT_KEYS]
+    if fixed:
+        raise ConfigError(f"{', '.join(fixed)} cannot be set per topic: it is part of the "
+                          "store's layout")
+    return CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
+                       {k: jsonable(v) for k, v in topic_conf.items()}, uuid.uuid4().hex)
+
+
+__all__ = ["create_entry", "resize_tier"]

@@ -1,0 +1,335 @@
+"""One partition's log as one topic handle writes it: the active pointer, the open segment
+writer, rolling and sealing, appending and syncing.
+
+Kafka keeps one object per partition that owns its segments (``LocalLog``); here the
+commit log owns which segments are committed, and :class:`PartitionLog` owns what only a
+writer sees: which segment is active, its open writer, and when to roll to the next.
+
+Contract:
+
+* **One writer at a time.** Every append, roll and seal runs under the partition's lock
+  (:meth:`PartitionLog.locked`), which orders threads and processes.
+* **A chunk is durable before ``end`` advances past it**: a durable append flushes the
+  chunk, then the header's ``end``; a deferred one leaves both to :meth:`PartitionLog.sync`.
+* **The pointer is durable before any commit names the segment.** A roll writes the
+  partition's pointer (``<p>.active``) atomically; a durable append makes it durable before
+  returning, a deferred one in :meth:`PartitionLog.sync`, which a writer calls before
+  handing its chunks to the committer. After a crash an older pointer would lead the next
+  writer to create the segment again, empty, under chunks a commit names.
+* **Segment numbers only grow**: a new segment follows the highest number the log has used
+  (committed or tombstoned), so it never takes the name of one a commit names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from .chunk import EncodedChunk
+from .crash import crash_point
+from .errors import StoreFull
+from .layout import (
+    fsync_dir,
+    fsync_file,
+    parse_segment_id,
+    partitions_dir,
+    segment_id,
+    write_atomic,
+)
+from .segment import HEADER_SIZE, SegmentHeader, align
+from .tiers import NO_SPACE, SegmentWriter, Tier
+
+if TYPE_CHECKING:
+    from .host import TopicHost
+    from .state import TopicState
+
+log = logging.getLogger(__name__)
+
+
+class Flusher:
+    """Closes the writers of segments rolled out by deferred appends on a thread of the
+    topic handle, so the device writes them while appends go on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def submit(self, w: SegmentWriter) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pafka-flush")
+            self._pending.append(self._pool.submit(w.close))
+
+    def wait(self) -> None:
+        """Wait for every close submitted so far; raise the first one's error."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        errors = [e for e in (f.exception() for f in pending) if e is not None]
+        if errors:
+            raise errors[0]
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+class PartitionLog:
+    """Partition ``number`` of topic ``topic``, for one handle's writes (see the module
+    docstring for the contract)."""
+
+    def __init__(self, topic: str, number: int, host: TopicHost,
+                 setting: Callable[[str], Any], state: Callable[[], TopicState],
+                 flusher: Flusher):
+        self.topic = topic
+        self.number = number
+        self.host = host
+        self._setting = setting
+        self._state = state
+        self._flusher = flusher
+        self.pointer_dir = partitions_dir(host.root, topic)
+        self._pointer = os.path.join(self.pointer_dir, f"{number}.active")
+        self._writer: tuple[tuple[int, int], SegmentWriter] | None = None
+        self._flags = threading.Lock()
+        self._deferred = False  # chunks written with durable=False and not synced since
+        # The pointer this handle relies on is not known durable: it rolled with
+        # durable=False, or appends to a segment another handle rolled to.
+        self._pointer_unsynced = False
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.topic!r}, {self.number})"
+
+    @property
+    def writer(self) -> SegmentWriter | None:
+        """The open writer of the active segment, if this handle has one."""
+        return None if self._writer is None else self._writer[1]
+
+    def locked(self, blocking: bool = True) -> AbstractContextManager[bool]:
+        """The partition's lock (threads and processes); yields whether it is held."""
+        return self.host.partition_lock(self.topic, self.number, blocking)
+
+    def should_roll(self, hdr: SegmentHeader, need: int, capacity: int, now_ms: int) -> bool:
+        """Whether the next chunk (``need`` bytes) goes to a new segment: the active one is
+        sealed, older than ``log.segment.ms`` and not empty, or has no room for it (as
+        Kafka's ``LogSegment.shouldRoll``)."""
+        aged = hdr.end > HEADER_SIZE and now_ms - hdr.created_ms > self._setting(
+            "log.segment.ms")
+        return hdr.sealed or aged or align(hdr.end) + need > capacity
+
+    def active_segment(self) -> tuple[int, int] | None:
+        """(sequence, tier) named by the partition's pointer; None if it has none."""
+        try:
+            fd = os.open(self._pointer, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+        try:
+            ptr = json.loads(raw)
+            seq, tier = ptr["seq"], ptr["tier"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                       for v in (seq, tier)):
+                raise ValueError(f"seq and tier must be non-negative integers: {ptr!r}")
+            return seq, tier
+        except (ValueError, KeyError, TypeError):
+            # A machine crash after a deferred roll can leave the renamed pointer empty. No
+            # commit names that roll's segment (sync makes the pointer durable first).
+            log.warning("topic %s partition %d: active pointer %s is unreadable (%r); "
+                        "the next append starts a new segment", self.topic, self.number,
+                        self._pointer, raw[:64])
+            return None
+
+    # -- appending ------------------------------------------------------------------------
+    def append(self, chunk: EncodedChunk, durable: bool, now_ms: int,
+               check: Callable[[], None]) -> tuple[int, Tier, int, int]:
+        """Write ``chunk`` to the active segment, rolling first if :meth:`should_roll`;
+        ``check`` runs first under the lock (the topic still is the one this handle
+        opened). Returns (segment sequence, tier, position, checksum)."""
+        with self.locked():
+            check()
+            seq, tier, w = self._active_writer(chunk.size, durable)
+            if self.should_roll(w.header(), chunk.size, w.capacity(), now_ms):
+                seq, tier, w = self._roll(seq, w, chunk.size, durable)
+            pos = align(w.header().end)
+            tiers = len(self.host.tiers)
+            for attempt in range(tiers + 1):
+                try:
+                    crc = w.write_chunk(pos, chunk)
+                    w.set_end(pos + chunk.size, durable)
+                    break
+                except OSError as e:
+                    if e.errno not in NO_SPACE:
+                        raise
+                    if attempt == tiers:
+                        raise StoreFull(f"topic {self.topic!r} partition {self.number}: every "
+                                        f"local tier answered {os.strerror(e.errno)} for a "
+                                        f"chunk of {chunk.size} bytes; free space or run the "
+                                        "migration service") from e
+                    # The tier's filesystem is full: it counts as full until space returns,
+                    # and the chunk goes to a new segment on the next local tier with room
+                    # (StoreFull when none has). What was written here is a hole.
+                    self.host.mark_out_of_space(tier, e)
+                    seq, tier, w = self._roll(seq, w, chunk.size, durable)
+                    pos = align(w.header().end)
+            if durable:
+                self._sync_pointer(with_dir=True)
+            else:
+                with self._flags:
+                    self._deferred = True
+        return seq, tier, pos, crc
+
+    def sync(self) -> bool:
+        """Make durable what deferred appends wrote here, and the pointer; True if the
+        pointer was synced (the caller then syncs :attr:`pointer_dir`, once for all)."""
+        with self._flags:
+            if not self._deferred:
+                return False
+            self._deferred = False
+        with self.locked():
+            if self._writer is not None:
+                self._writer[1].sync()
+            return self._sync_pointer(with_dir=False)
+
+    def seal_idle(self, active: tuple[int, int]) -> bool:
+        """Seal segment ``active`` ((sequence, tier)) if it still is the active one and the
+        partition is not being written to; True if this sealed it. Appends that come later
+        find it sealed and start the next segment (:meth:`should_roll`)."""
+        with self.locked(blocking=False) as held:
+            if not held or self.active_segment() != active:
+                return False
+            seq, tier_no = active
+            tier = self.host.tier(tier_no)
+            path = tier.segment_path(self.topic, self.number, seq)
+            try:
+                w = tier.open_segment(path)
+            except OSError as e:
+                # Gone with a tier on RAM (reboot): reads of it fail, the rest still migrates.
+                log.warning("topic %s: active segment %s of partition %d (%s) cannot be "
+                            "opened, not sealed: %s", self.topic, segment_id(self.number, seq),
+                            self.number, path, e)
+                return False
+            try:
+                if w.header().sealed:
+                    return False
+                w.seal()
+                return True
+            finally:
+                w.close()
+
+    def close(self) -> None:
+        """Flush and release the open writer."""
+        if self._writer is not None:
+            self._writer[1].close()
+            self._writer = None
+
+    # -- the active segment -------------------------------------------------------------
+    def _sync_pointer(self, with_dir: bool) -> bool:
+        with self._flags:
+            if not self._pointer_unsynced:
+                return False
+            self._pointer_unsynced = False
+        try:
+            fsync_file(self._pointer)
+            if with_dir:
+                fsync_dir(self.pointer_dir)
+        except BaseException:
+            with self._flags:
+                self._pointer_unsynced = True
+            raise
+        return True
+
+    def _last_seq(self) -> int | None:
+        """The highest segment number the partition is known to have used."""
+        st = self._state()
+        seqs = list(st.part(self.number).segments)
+        for key in st.tombstones:
+            p, seq = parse_segment_id(key.split("@")[0])
+            if p == self.number:
+                seqs.append(seq)
+        return max(seqs, default=None)
+
+    def _active_writer(self, need: int, durable: bool) -> tuple[int, Tier, SegmentWriter]:
+        ptr = self.active_segment()
+        if ptr is None:
+            return self._roll(self._last_seq(), None, need, durable)
+        seq, tier_no = ptr
+        tier = self.host.tier(tier_no)
+        if self._writer is not None and self._writer[0] == ptr:
+            return seq, tier, self._writer[1]
+        if self._writer is not None:
+            self._retire(self._writer[1], durable)
+            self._writer = None
+        try:
+            w = tier.open_segment(tier.segment_path(self.topic, self.number, seq))
+        except FileNotFoundError:
+            # The active segment's file is gone (e.g. tier 1 was RAM and the host rebooted):
+            # start the next segment; what was lost is reported by readers as DataLoss.
+            log.warning("topic %s partition %d: active segment %s is missing; rolling",
+                        self.topic, self.number, segment_id(self.number, seq))
+            return self._roll(max(seq, self._last_seq() or 0), None, need, durable)
+        # Created by another handle, which may not have made it and the pointer durable yet.
+        w.defer_entry(os.path.dirname(w.path))
+        with self._flags:
+            self._pointer_unsynced = True
+        self._writer = (ptr, w)
+        return seq, tier, w
+
+    def _retire(self, w: SegmentWriter, durable: bool) -> None:
+        """Close a writer that is no longer the active segment's; one rolled out by a
+        deferred append is closed by the flusher (:meth:`sync` of the topic waits)."""
+        if durable:
+            w.close()
+        else:
+            self._flusher.submit(w)
+
+    def _roll(self, seq: int | None, old: SegmentWriter | None, need: int,
+              durable: bool) -> tuple[int, Tier, SegmentWriter]:
+        """Seal the active segment and start the next one (under the partition's lock)."""
+        if old is not None:
+            try:
+                old.seal(durable)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                # The pointer, not this flag, says which segment is active: the roll stands.
+                log.warning("topic %s partition %d: sealing %s failed (%s); rolling anyway",
+                            self.topic, self.number, old.path, e)
+            crash_point("segment.roll.sealed")
+        new_seq = 0 if seq is None else seq + 1
+        tier, w = self.host.place_segment(self.topic, self.number, new_seq, need, durable)
+        crash_point("segment.roll.created")
+        # Deferred: the new segment's file and the pointer are made durable by sync(), before
+        # any chunk in the segment can be committed.
+        write_atomic(self._pointer,
+                     json.dumps({"seq": new_seq, "tier": tier.number}).encode(), durable)
+        with self._flags:
+            self._pointer_unsynced = not durable
+        if self._writer is not None:
+            self._retire(self._writer[1], durable)
+        self._writer = ((new_seq, tier.number), w)
+        log.debug("topic %s partition %d: rolled to segment %s on tier %d", self.topic,
+                  self.number, segment_id(self.number, new_seq), tier.number)
+        return new_seq, tier, w
+
+
+def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_s: float,
+               now: float) -> bool:
+    """Whether every chunk of a segment file is committed, or the rest is older than the grace
+    period (abandoned). ``committed_span`` is the aligned length of its committed chunks."""
+    if hdr is None or align(hdr.end) - HEADER_SIZE <= committed_span:
+        return True
+    try:
+        return now - os.stat(path).st_mtime > grace_s
+    except FileNotFoundError:
+        return True
+
+
+__all__ = ["Flusher", "PartitionLog", "is_settled"]

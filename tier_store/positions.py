@@ -1,0 +1,82 @@
+"""Consumer groups' positions: the offsets a group has committed, per partition.
+
+A position entry carries a group's whole position (merged before publishing, so a race lost
+to the group's own commit keeps it); an empty one deletes the group. Retention ignores
+positions: they serve lag and ``startingOffsets=group``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .entries import PositionEntry
+from .errors import InvalidArgument
+from .state import TopicState
+from .topic_log import now_ms
+
+
+def check_group_name(group: Any) -> str:
+    """``group`` if it is a non-empty string; :class:`InvalidArgument` otherwise."""
+    if not isinstance(group, str) or not group:
+        raise InvalidArgument(f"consumer group must be a non-empty string, got {group!r}")
+    return group
+
+
+def checked_offsets(topic: str, call: str, group: str, offsets: Any,
+                    latest: Mapping[int, int], check_partition: Callable[[int], int]
+                    ) -> dict[int, int]:
+    """``offsets`` given to ``call`` checked: at least one partition, each of the topic,
+    each offset in ``[0, latest]`` (a position past the log would show as negative lag)."""
+    check_group_name(group)
+    if not isinstance(offsets, Mapping):
+        raise InvalidArgument("offsets must be a mapping of partition to offset, got "
+                              f"{type(offsets).__name__}")
+    clean: dict[int, int] = {}
+    for k, v in offsets.items():
+        try:
+            number = int(k)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"partition must be an integer, got {k!r}") from None
+        p = check_partition(number)
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
+            raise InvalidArgument(f"offset for partition {p} must be a non-negative integer, "
+                                  f"got {v!r}")
+        if v > latest[p]:
+            raise InvalidArgument(f"offset {v} for partition {p} of topic {topic!r} is past "
+                                  f"its latest offset {latest[p]}")
+        clean[p] = int(v)
+    if not clean:
+        raise InvalidArgument(f"{call} of group {group!r} names no partition; "
+                              "delete_group() removes a group")
+    return clean
+
+
+def position_entry(st: TopicState, group: str, offsets: Mapping[int, int]) -> PositionEntry:
+    """The entry giving ``group`` the position ``offsets`` (partitions in ascending order,
+    as in every offsets JSON of the project)."""
+    ordered = {str(p): int(offsets[p]) for p in sorted(offsets)}
+    return PositionEntry(max(st.last_ts, now_ms()), group, ordered)
+
+
+def merged_entry(st: TopicState, group: str, offsets: Mapping[int, int]) -> PositionEntry:
+    """``offsets`` merged into ``group``'s position as ``st`` has it: a commit of the group
+    that won the race in between is kept."""
+    merged = {int(p): o for p, o in st.positions.get(group, {}).items()}
+    merged.update(offsets)
+    return position_entry(st, group, merged)
+
+
+def deletion_entry(topic: str, st: TopicState, group: str) -> PositionEntry:
+    """The entry forgetting ``group`` (an empty position); an error naming the groups the
+    topic has if it has no such group."""
+    if group not in st.positions:
+        raise InvalidArgument(f"topic {topic!r} has no consumer group {group!r}; its groups: "
+                              f"{', '.join(sorted(st.positions)) or '(none)'}")
+    return PositionEntry(max(st.last_ts, now_ms()), group, {})
+
+
+__all__ = ["check_group_name", "checked_offsets", "deletion_entry", "merged_entry",
+           "position_entry"]

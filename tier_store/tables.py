@@ -1,0 +1,127 @@
+"""Arrow tables going into a topic: accepted shapes, conformed to the topic's schema, and
+the event-time range of a chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .chunk import EncodedChunk
+from .errors import InvalidArgument, SchemaMismatch
+from .hashing import partition_of
+
+
+def as_table(data: Any) -> pa.Table:
+    """Accept a RecordBatch, a Table, or a list of batches; anything else is an error."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, list | tuple) and data and all(isinstance(b, pa.RecordBatch)
+                                                        for b in data):
+        return pa.Table.from_batches(list(data))
+    raise InvalidArgument(
+        f"expected a pyarrow RecordBatch, Table or list of RecordBatches, got "
+        f"{type(data).__name__}"
+    )
+
+
+def loose_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with nested nullability and time zones erased: types equal under this are the
+    same data (a time zone only says how instants are shown) and convert by a cast."""
+    if pa.types.is_timestamp(t):
+        return pa.timestamp(t.unit, tz="UTC" if t.tz else None)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner = loose_type(t.value_type)
+        return pa.list_(inner) if pa.types.is_list(t) else pa.large_list(inner)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(i).name, loose_type(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(loose_type(t.key_type), loose_type(t.item_type))
+    return t
+
+
+def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
+    """Make ``table`` carry exactly ``schema``: reorder columns by name, and cast nullable
+    columns into non-null fields when they hold no null. Anything else is SchemaMismatch."""
+    if table.schema.equals(schema, check_metadata=False):
+        return table if table.schema.metadata == schema.metadata else table.cast(schema)
+    names, want = table.schema.names, schema.names
+    missing = [n for n in want if n not in names]
+    extra = [n for n in names if n not in want]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing columns {missing}")
+        if extra:
+            parts.append(f"unexpected columns {extra}")
+        raise SchemaMismatch(f"data written to topic {topic!r} does not match its schema: "
+                             f"{'; '.join(parts)} (topic columns: {want})")
+    if names != want:
+        table = table.select(want)
+    problems = []
+    for f in schema:
+        got = table.schema.field(f.name)
+        if not loose_type(got.type).equals(loose_type(f.type)):
+            problems.append(f"column {f.name!r}: topic has {f.type}, data has {got.type}")
+        elif not f.nullable and table.column(f.name).null_count:
+            problems.append(f"column {f.name!r} is not nullable in the topic but the data holds "
+                            f"{table.column(f.name).null_count} nulls")
+    if problems:
+        raise SchemaMismatch(f"data written to topic {topic!r} does not match its schema: "
+                             + "; ".join(problems))
+    try:
+        return table.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise SchemaMismatch(f"data written to topic {topic!r} does not fit its schema: {e}"
+                             ) from None
+
+
+def time_range(chunk: EncodedChunk, column: str) -> tuple[int | None, int | None]:
+    """Min and max of an event-time column, in milliseconds since the epoch."""
+    arrays = [b.column(column) for b in chunk.batches]
+    col = pa.chunked_array(arrays)
+    t = col.type
+    if pa.types.is_timestamp(t):
+        col = col.cast(pa.timestamp("ms", tz=t.tz)).cast(pa.int64())
+    elif pa.types.is_date(t):
+        col = col.cast(pa.timestamp("ms")).cast(pa.int64())
+    elif not pa.types.is_integer(t):
+        raise InvalidArgument(f"timestamp column {column!r} must be a timestamp, date or integer "
+                         f"(milliseconds) column, not {t}")
+    import pyarrow.compute as pc  # here: importing it costs every process ~60 ms
+
+    mm = pc.min_max(col)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return (None if lo is None else int(lo)), (None if hi is None else int(hi))
+
+
+def route(table: pa.Table, key: str, partitions: int) -> list[tuple[int, pa.Table]]:
+    """``table``'s rows by partition, by the stable hash of column ``key`` (nulls to 0)."""
+    parts = partition_of(table.column(key), partitions)
+    ordered = table.take(pa.array(np.argsort(parts, kind="stable")))
+    out, at = [], 0
+    for p, n in enumerate(np.bincount(parts, minlength=partitions)):
+        if n:
+            out.append((p, ordered.slice(at, int(n))))
+            at += int(n)
+    return out
+
+
+def split_chunks(table: pa.Table, compression: str, limit: int) -> Iterator[EncodedChunk]:
+    """``table`` as chunks of at most ``limit`` bytes, halving until they fit; a single row
+    too big gets a chunk (and a segment) of its own."""
+    chunk = EncodedChunk.of(table.to_batches(), table.schema, compression)
+    if chunk.size <= limit or table.num_rows <= 1:
+        yield chunk
+        return
+    half = table.num_rows // 2
+    yield from split_chunks(table.slice(0, half), compression, limit)
+    yield from split_chunks(table.slice(half), compression, limit)
+
+
+__all__ = ["as_table", "conform", "loose_type", "route", "split_chunks", "time_range"]

@@ -1,0 +1,103 @@
+"""Read-only views of a topic's state: read plans, segment listings, byte and time lookups.
+
+Each is a function of the state (and, for paths and headers, the tiers), so that the
+topic handle stays a thin façade and the views can be tested on a state alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .errors import DataLoss
+from .partition import is_settled
+from .reading import PlannedChunk
+from .records import SegmentInfo
+from .segment import CHUNK_ALIGN
+from .state import TopicState
+from .tiers import Tier
+
+
+def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | None,
+                   path_of: Callable[[int, int], str]) -> tuple[int, list[PlannedChunk]]:
+    """The chunks holding ``[start, end)`` of partition ``p`` (``end=None``: to the latest)
+    and where the range really stops; ``path_of(seq, tier)`` names a segment's file.
+    :class:`DataLoss` below the earliest retained offset."""
+    part = st.part(p)
+    earliest, latest = part.start_offset, part.next_offset
+    if start < earliest:
+        raise DataLoss(f"topic {topic!r} partition {p}: offsets [{start}, {earliest}) were "
+                       f"deleted by retention; the earliest offset is {earliest}")
+    stop = latest if end is None else max(start, min(end, latest))
+    chunks: list[PlannedChunk] = []
+    if start >= stop:
+        return max(start, stop), chunks
+    rows = part.chunks.rows()
+    tiers = {seq: s.tier for seq, s in part.segments.items()}
+    paths: dict[int, str] = {}  # a segment holds many chunks
+    i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
+    j = int(np.searchsorted(rows["base"], stop, side="left"))
+    sel = rows[i:j]
+    for seq, pos, length, base, n, ts, crc in zip(
+            sel["seq"].tolist(), sel["pos"].tolist(), sel["len"].tolist(),
+            sel["base"].tolist(), sel["n"].tolist(), sel["ts"].tolist(),
+            sel["crc"].tolist(), strict=True):
+        path = paths.get(seq)
+        if path is None:
+            path = paths[seq] = path_of(seq, tiers[seq])
+        chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
+    return stop, chunks
+
+
+def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
+    """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
+    rows = st.part(p).chunks.rows()
+    if end <= start or not len(rows):
+        return 0
+    i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
+    j = int(np.searchsorted(rows["base"], end, side="left"))
+    sel = rows[i:j]
+    lo = np.maximum(sel["base"], start)
+    hi = np.minimum(sel["base"] + sel["n"], end)
+    frac = np.clip(hi - lo, 0, None) / np.maximum(sel["n"], 1)
+    return int((frac * sel["len"]).sum())
+
+
+def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
+    """The first offset committed at or after ``timestamp_ms`` (latest if none)."""
+    rows = st.part(p).chunks.rows()
+    i = int(np.searchsorted(rows["ts"], timestamp_ms, side="left"))
+    return int(rows["base"][i]) if i < len(rows) else st.part(p).next_offset
+
+
+def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
+                  active_of: Callable[[int], tuple[int, int] | None],
+                  grace_s: float) -> list[SegmentInfo]:
+    """The committed segments, by partition and base offset: where each is, whether it is
+    sealed, and whether its file holds only committed chunks (or abandoned ones)."""
+    now = time.time()
+    out = []
+    for p in range(st.partitions):
+        active = active_of(p)
+        rows = st.part(p).chunks.rows()
+        seqs, inverse = np.unique(rows["seq"], return_inverse=True)
+        spans = dict(zip(seqs.tolist(), np.bincount(
+            inverse, weights=(rows["len"] + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
+        ).astype(np.int64).tolist(), strict=True)) if len(rows) else {}
+        for s in st.partition_segments(p):
+            tier = tier_of(s.tier)
+            path = tier.segment_path(topic, p, s.seq)
+            is_active = (s.seq, s.tier) == active
+            hdr = tier.read_header(path) if is_active or not tier.is_remote else None
+            # The active one is sealed once a roll or the idle check sealed its header.
+            sealed = not is_active or (hdr is not None and hdr.sealed)
+            settled = is_settled(path, hdr, spans.get(s.seq, 0), grace_s, now)
+            out.append(SegmentInfo(
+                s.id, topic, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,
+                tier.type, path, sealed, s.first_ts, s.last_ts, settled))
+    return out
+
+
+__all__ = ["bytes_between", "offset_for_time", "planned_chunks", "segment_infos"]
