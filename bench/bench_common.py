@@ -19,6 +19,24 @@ from collections.abc import Callable
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "RESULTS.md")
 
+# bench/paired.py runs a benchmark against the library code of another tree: that tree comes
+# first on this process's path and on its children's (Spark's Python workers).
+CODE = os.environ.get("PAFKA_BENCH_CODE")
+if CODE:
+    sys.path.insert(0, CODE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (CODE, os.environ.get("PYTHONPATH")) if p)
+
+
+def dump_raw(data: dict) -> None:
+    """Write the run's raw figures as JSON to ``$PAFKA_BENCH_JSON`` if set (read by
+    bench/paired.py); nothing otherwise."""
+    path = os.environ.get("PAFKA_BENCH_JSON")
+    if path:
+        import json
+        with open(path, "w") as f:
+            json.dump(data, f, default=float)
+
 
 class BenchError(SystemExit):
     """A run that cannot give a meaningful figure: exits with status 1 and the message."""

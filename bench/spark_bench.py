@@ -60,6 +60,7 @@ import pyspark  # noqa: E402
 from bench_common import (  # noqa: E402
     Output,
     add_output_args,
+    dump_raw,
     fail,
     float_range,
     int_range,
@@ -1070,6 +1071,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(data, ignore_errors=True)
     body = report(args, rows, info, sink, sources, lat, time.perf_counter() - t_start)
+    dump_raw({"sink": sink, "sources": sources, "latency": lat})
     output.report(MARK, body)
 
 

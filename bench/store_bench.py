@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import (  # noqa: E402
     Output,
     add_output_args,
+    dump_raw,
     fail,
     int_range,
     positive,
@@ -309,6 +310,7 @@ def main() -> None:
         logs[c] = bench_log(c, base)
         print(f"  {c:,} commits:", logs[c], flush=True)
     shutil.rmtree(base, ignore_errors=True)
+    dump_raw({"store": res, "producer": producer, "logs": {str(k): v for k, v in logs.items()}})
     output.report("store-bench", write_report(args, n, mb, res, producer, prod_n, logs))
 
 
