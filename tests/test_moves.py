@@ -292,7 +292,7 @@ def _chunk_positions(t, sid):
     st = t.state()
     seg = st.segments[sid]
     rows = st.chunks[seg.partition].rows()
-    return [(int(r["pos"]), int(r["len"])) for r in rows[rows["seq"] == seg.seq]]
+    return [(int(r["pos"]), int(r["length"])) for r in rows[rows["seq"] == seg.seq]]
 
 
 def test_a_segment_demoted_again_in_the_grace_period_re_adopts_its_old_copy(tmp_path, shm_dir):

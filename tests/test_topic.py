@@ -471,7 +471,7 @@ def test_a_read_verifies_checksums_and_names_file_and_offsets_of_a_damaged_chunk
     seg = t.segments()[0]
     rows = t.state().chunks[0].rows()
     with open(seg.path, "r+b") as f:
-        f.seek(int(rows["pos"][0]) + int(rows["len"][0]) - 40)
+        f.seek(int(rows["pos"][0]) + int(rows["length"][0]) - 40)
         f.write(b"\xff" * 8)
     fresh = Store.open(file_store.root).topic("t")
     kwargs = {} if how == "default" else {"verify": True}

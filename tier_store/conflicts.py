@@ -171,7 +171,7 @@ class ChunkNotOverwritten:
         if not len(same):
             return
         r = self.ref
-        length, crc = int(same["len"][0]), int(same["crc"][0])
+        length, crc = int(same["length"][0]), int(same["checksum"][0])
         if (length, crc) != (r.length, r.checksum):
             raise CommitConflict(
                 f"topic {self.topic!r}: segment {segment_id(r.partition, r.seq)} holds another "

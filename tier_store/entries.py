@@ -1,7 +1,8 @@
 """Commit-log entry kinds: frozen dataclasses with one JSON encode/decode pair.
 
 Each entry is one JSON object with a ``kind`` and the commit time ``ts`` (ms, monotonic per
-topic). Field names here are the on-disk names.
+topic). Python names here; the on-disk JSON uses shorter names for a few fields (``p``, ``len``,
+``n``, ``crc``), mapped only in :meth:`Entry.encode` and :func:`decode`.
 """
 
 from __future__ import annotations
@@ -24,18 +25,31 @@ def schema_from_text(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+# Python names of fields whose on-disk names are shorter: only encode and decode use these.
+_DISK_NAMES = {"partition": "p", "length": "len", "records": "n", "checksum": "crc"}
+_PY_NAMES = {v: k for k, v in _DISK_NAMES.items()}
+
+
+def _to_disk(fields: dict[str, Any]) -> dict[str, Any]:
+    return {_DISK_NAMES.get(k, k): v for k, v in fields.items()}
+
+
+def _from_disk(fields: dict[str, Any]) -> dict[str, Any]:
+    return {_PY_NAMES.get(k, k): v for k, v in fields.items()}
+
+
 @dataclass(frozen=True)
 class ChunkRecord:
     """A committed chunk: where it lives, which offsets it holds, and its checksum."""
 
-    p: int  # partition
+    partition: int
     seq: int  # segment sequence within the partition
     tier: int
     pos: int  # byte position in the segment
-    len: int  # bytes
+    length: int  # bytes
     base: int  # offset of its first record
-    n: int  # records
-    crc: int  # xxh3-64 of its bytes
+    records: int
+    checksum: int  # xxh3-64 of its bytes
     tmin: int | None = None  # event-time min/max (ms) when the writer named a column
     tmax: int | None = None
 
@@ -46,7 +60,9 @@ class Entry:
     ts: int
 
     def encode(self) -> bytes:
-        body = {"kind": self.kind, **asdict(self)}
+        body = {"kind": self.kind, **_to_disk(asdict(self))}
+        if "chunks" in body:
+            body["chunks"] = [_to_disk(c) for c in body["chunks"]]
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -100,7 +116,7 @@ class MoveEntry(Entry):
     """Sealed segments ``sources`` now live as segment ``seq`` of ``p`` on ``tier``."""
 
     kind: ClassVar[str] = "move"
-    p: int
+    partition: int
     sources: tuple[int, ...]  # sequence numbers of the segments replaced
     seq: int
     tier: int
@@ -116,13 +132,13 @@ KINDS: dict[str, type[Entry]] = {
 def decode(data: bytes, where: str) -> Entry:
     """Decode one entry; a malformed one raises naming the file."""
     try:
-        body = json.loads(data)
+        body = _from_disk(json.loads(data))
         cls = KINDS[body.pop("kind")]
         if "chunks" in body:
-            body["chunks"] = tuple(ChunkRecord(**c) for c in body["chunks"])
+            body["chunks"] = tuple(ChunkRecord(**_from_disk(c)) for c in body["chunks"])
         for name in ("segments", "sources"):
             if name in body:
                 body[name] = tuple(body[name])
         return cls(**body)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptLog(f"commit-log entry {where} is malformed: {e!r}") from None

@@ -33,7 +33,7 @@ class PlannedChunk:
     base: int
     records: int
     timestamp: int
-    crc: int
+    checksum: int
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
         except FileNotFoundError:
             stale = "missing"
         else:
-            if verify and checksum(buf) != c.crc:
+            if verify and checksum(buf) != c.checksum:
                 stale = "checksum"
         if stale is not None:
             start = max(at_offset, c.base)

@@ -43,9 +43,11 @@ from .layout import segment_id
 
 NO_TIME = np.iinfo(np.int64).min
 CHUNK_DTYPE = np.dtype([
-    ("seq", "<i8"), ("pos", "<i8"), ("len", "<i8"), ("base", "<i8"), ("n", "<i8"),
-    ("crc", "<u8"), ("ts", "<i8"), ("tmin", "<i8"), ("tmax", "<i8"),
+    ("seq", "<i8"), ("pos", "<i8"), ("length", "<i8"), ("base", "<i8"), ("records", "<i8"),
+    ("checksum", "<u8"), ("ts", "<i8"), ("tmin", "<i8"), ("tmax", "<i8"),
 ])
+# Checkpoint column names of the fields named otherwise in Python (the on-disk format).
+_COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
 
 
 class ChunkIndex:
@@ -69,7 +71,7 @@ class ChunkIndex:
         rows = np.empty(max(16, n), CHUNK_DTYPE)
         part = table.slice(start, n)
         for name in CHUNK_DTYPE.names:
-            rows[name][:n] = part.column(name).to_numpy()
+            rows[name][:n] = part.column(_COLUMNS.get(name, name)).to_numpy()
         self._a, self._lo, self._hi = rows, 0, n
 
     def __len__(self) -> int:
@@ -88,7 +90,7 @@ class ChunkIndex:
             grown = np.empty(max(16, 2 * len(live)), CHUNK_DTYPE)
             grown[: len(live)] = live
             self._a, self._lo, self._hi = grown, 0, len(live)
-        self._a[self._hi] = (c.seq, c.pos, c.len, c.base, c.n, c.crc, ts,
+        self._a[self._hi] = (c.seq, c.pos, c.length, c.base, c.records, c.checksum, ts,
                              NO_TIME if c.tmin is None else c.tmin,
                              NO_TIME if c.tmax is None else c.tmax)
         self._hi += 1
@@ -109,7 +111,7 @@ class ChunkIndex:
         old = rows[mask]
         repl = np.empty(len(new), CHUNK_DTYPE)
         for i, c in enumerate(new):
-            repl[i] = (c.seq, c.pos, c.len, c.base, c.n, c.crc, 0,
+            repl[i] = (c.seq, c.pos, c.length, c.base, c.records, c.checksum, 0,
                        NO_TIME if c.tmin is None else c.tmin,
                        NO_TIME if c.tmax is None else c.tmax)
         # Timestamps travel with the offsets they belong to.
@@ -258,22 +260,23 @@ class TopicState:
 
     def _apply_append(self, e: AppendEntry) -> None:
         for c in e.chunks:
-            part = self.parts[c.p]
+            part = self.parts[c.partition]
             seg = part.segments.get(c.seq)
             if seg is None:
-                seg = SegmentState(c.p, c.seq, c.tier, c.base, c.base, 0, 0, 0, 0, e.ts, e.ts)
+                seg = SegmentState(c.partition, c.seq, c.tier, c.base, c.base, 0, 0, 0, 0,
+                                   e.ts, e.ts)
                 self._add_segment(seg)
             # Concurrent writers may commit a segment's chunks out of order, so a segment's
             # offsets need not be one range: keep its min and max.
             seg.base = min(seg.base, c.base)
-            seg.end = max(seg.end, c.base + c.n)
-            seg.records += c.n
-            seg.bytes += c.len
-            seg.extent = max(seg.extent, c.pos + c.len)
+            seg.end = max(seg.end, c.base + c.records)
+            seg.records += c.records
+            seg.bytes += c.length
+            seg.extent = max(seg.extent, c.pos + c.length)
             seg.chunks += 1
             seg.last_ts = e.ts
             part.chunks.append(c, e.ts)
-            part.next_offset = c.base + c.n
+            part.next_offset = c.base + c.records
         if e.writer is not None and e.batch is not None:
             self.writers[e.writer] = max(self.writers.get(e.writer, -1), e.batch)
 
@@ -294,22 +297,22 @@ class TopicState:
     def _apply_move(self, e: MoveEntry) -> None:
         olds = []
         for s in e.sources:
-            old = self._drop_segment(segment_id(e.p, s))
+            old = self._drop_segment(segment_id(e.partition, s))
             if old is None:
                 raise CorruptLog(f"topic {self.name!r}: version {self.version + 1} moves segment "
-                                 f"{segment_id(e.p, s)}, which the log does not hold")
+                                 f"{segment_id(e.partition, s)}, which the log does not hold")
             olds.append(old)
         for old in olds:
             if not (old.seq == e.seq and old.tier == e.tier):
                 self.tombstones[f"{old.id}@{old.tier}"] = [old.tier, e.ts]
         new = SegmentState(
-            e.p, e.seq, e.tier, min(o.base for o in olds), max(o.end for o in olds),
-            sum(c.n for c in e.chunks), sum(c.len for c in e.chunks),
-            max((c.pos + c.len for c in e.chunks), default=0),
+            e.partition, e.seq, e.tier, min(o.base for o in olds), max(o.end for o in olds),
+            sum(c.records for c in e.chunks), sum(c.length for c in e.chunks),
+            max((c.pos + c.length for c in e.chunks), default=0),
             len(e.chunks), min(o.first_ts for o in olds), max(o.last_ts for o in olds))
         self._add_segment(new)
         self.tombstones.pop(f"{new.id}@{new.tier}", None)
-        self.parts[e.p].chunks.replace_segments({o.seq for o in olds}, list(e.chunks),
+        self.parts[e.partition].chunks.replace_segments({o.seq for o in olds}, list(e.chunks),
                                           np.zeros(len(e.chunks), np.int64))
 
     # -- queries ------------------------------------------------------------------------
@@ -334,7 +337,7 @@ class TopicState:
         }
         rows = np.concatenate([q.chunks.rows() for q in self.parts]) if self.parts \
             else np.empty(0, CHUNK_DTYPE)
-        cols = {name: pa.array(rows[name]) for name in CHUNK_DTYPE.names}
+        cols = {_COLUMNS.get(name, name): pa.array(rows[name]) for name in CHUNK_DTYPE.names}
         table = pa.table(cols)
         return table.replace_schema_metadata({b"pafka.state": json.dumps(meta).encode()})
 

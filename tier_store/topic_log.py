@@ -184,10 +184,10 @@ class TopicLog:
             raise InvalidArgument(f"replace_segments takes distinct source segments, got "
                                   f"{list(sources)!r}")
         moved = tuple(chunks)
-        stray = [c for c in moved if (c.p, c.seq, c.tier) != (partition, seq, tier)]
+        stray = [c for c in moved if (c.partition, c.seq, c.tier) != (partition, seq, tier)]
         if stray:
             raise InvalidArgument(f"topic {self.name!r}: a chunk of segment "
-                                  f"{segment_id(stray[0].p, stray[0].seq)} on tier "
+                                  f"{segment_id(stray[0].partition, stray[0].seq)} on tier "
                                   f"{stray[0].tier} is not in segment "
                                   f"{segment_id(partition, seq)} on tier {tier}")
         committed = SegmentsCommitted(self.name, tuple(segment_id(partition, q) for q in seqs))

@@ -41,9 +41,9 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
     j = int(np.searchsorted(rows["base"], stop, side="left"))
     sel = rows[i:j]
     for seq, pos, length, base, n, ts, crc in zip(
-            sel["seq"].tolist(), sel["pos"].tolist(), sel["len"].tolist(),
-            sel["base"].tolist(), sel["n"].tolist(), sel["ts"].tolist(),
-            sel["crc"].tolist(), strict=True):
+            sel["seq"].tolist(), sel["pos"].tolist(), sel["length"].tolist(),
+            sel["base"].tolist(), sel["records"].tolist(), sel["ts"].tolist(),
+            sel["checksum"].tolist(), strict=True):
         path = paths.get(seq)
         if path is None:
             path = paths[seq] = path_of(seq, tiers[seq])
@@ -60,9 +60,9 @@ def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
     j = int(np.searchsorted(rows["base"], end, side="left"))
     sel = rows[i:j]
     lo = np.maximum(sel["base"], start)
-    hi = np.minimum(sel["base"] + sel["n"], end)
-    frac = np.clip(hi - lo, 0, None) / np.maximum(sel["n"], 1)
-    return int((frac * sel["len"]).sum())
+    hi = np.minimum(sel["base"] + sel["records"], end)
+    frac = np.clip(hi - lo, 0, None) / np.maximum(sel["records"], 1)
+    return int((frac * sel["length"]).sum())
 
 
 def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
@@ -84,7 +84,7 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
         rows = st.part(p).chunks.rows()
         seqs, inverse = np.unique(rows["seq"], return_inverse=True)
         spans = dict(zip(seqs.tolist(), np.bincount(
-            inverse, weights=(rows["len"] + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
+            inverse, weights=(rows["length"] + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
         ).astype(np.int64).tolist(), strict=True)) if len(rows) else {}
         for s in st.partition_segments(p):
             tier = tier_of(s.tier)

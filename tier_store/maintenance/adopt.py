@@ -67,7 +67,7 @@ def layout(rows: np.ndarray, p: int, seq: int, tier: int) -> tuple[list[ChunkRec
     for r in rows:
         pos = align(pos)
         chunks.append(chunk_record(r, p, seq, tier, pos))
-        pos += int(r["len"])
+        pos += int(r["length"])
     return chunks, pos
 
 
@@ -169,9 +169,9 @@ def _local_differs(fd: int, final: str, target: Tier, p: int, seq: int,
         with contextlib.suppress(OSError, AttributeError):
             m.madvise(mmap.MADV_SEQUENTIAL)
         for c in chunks:
-            with memoryview(m)[c.pos:c.pos + c.len] as view:
-                if checksum(view) != c.crc:
-                    return (f"the chunk with offsets [{c.base}, {c.base + c.n}) does not "
+            with memoryview(m)[c.pos:c.pos + c.length] as view:
+                if checksum(view) != c.checksum:
+                    return (f"the chunk with offsets [{c.base}, {c.base + c.records}) does not "
                             f"match its checksum at byte {c.pos}")
     finally:
         m.close()
@@ -196,8 +196,8 @@ def adopt_remote(topic: Topic, target: Tier, final: str, p: int, seq: int,
         if why is None and _size_differs(target, target.file_size(final), end):
             why = f"its size is not {end} bytes"
         for c in chunks if why is None else ():
-            if checksum(read_range(final, c.pos, c.len)) != c.crc:
-                why = (f"the chunk with offsets [{c.base}, {c.base + c.n}) does not match "
+            if checksum(read_range(final, c.pos, c.length)) != c.checksum:
+                why = (f"the chunk with offsets [{c.base}, {c.base + c.records}) does not match "
                        f"its checksum at byte {c.pos}")
                 break
     except (OSError, CorruptSegment) as e:
@@ -212,8 +212,8 @@ def adopt_remote(topic: Topic, target: Tier, final: str, p: int, seq: int,
 
 
 def chunk_record(r: np.void, p: int, seq: int, tier: int, pos: int) -> ChunkRecord:
-    return ChunkRecord(p, seq, tier, pos, int(r["len"]), int(r["base"]), int(r["n"]),
-                       int(r["crc"]), None if r["tmin"] == NO_TIME else int(r["tmin"]),
+    return ChunkRecord(p, seq, tier, pos, int(r["length"]), int(r["base"]), int(r["records"]),
+                       int(r["checksum"]), None if r["tmin"] == NO_TIME else int(r["tmin"]),
                        None if r["tmax"] == NO_TIME else int(r["tmax"]))
 
 

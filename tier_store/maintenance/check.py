@@ -63,7 +63,7 @@ def check_topic(topic: Topic, verify: bool = True,
     for p in range(st.partitions):
         rows = st.chunks[p].rows()
         expect = st.start_offset[p]
-        for base, n in zip(rows["base"].tolist(), rows["n"].tolist(), strict=True):
+        for base, n in zip(rows["base"].tolist(), rows["records"].tolist(), strict=True):
             if base != expect:
                 report.problems.append(f"partition {p}: chunk at offset {base} where {expect} "
                                        "was expected (gap or overlap)")
@@ -101,12 +101,12 @@ def check_topic(topic: Topic, verify: bool = True,
         if not verify or not len(mine):
             continue
         for r in mine:
-            pos, length = int(r["pos"]), int(r["len"])
-            if checksum(read_range(path, pos, length)) != int(r["crc"]):
+            pos, length = int(r["pos"]), int(r["length"])
+            if checksum(read_range(path, pos, length)) != int(r["checksum"]):
                 base = int(r["base"])
                 report.problems.append(
                     f"{path}: chunk at byte {pos} (partition {seg.partition}, offsets "
-                    f"[{base}, {base + int(r['n'])})) does not match its checksum")
+                    f"[{base}, {base + int(r['records'])})) does not match its checksum")
             report.bytes_verified += length
             if progress is not None:
                 progress(length)

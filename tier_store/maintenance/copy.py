@@ -121,13 +121,13 @@ def upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarra
     pos = HEADER_SIZE
     for r, c in zip(rows, chunks, strict=True):
         src = store.tier(tiers[int(r["seq"])]).segment_path(topic.name, p, int(r["seq"]))
-        buf = _read_source(topic, p, int(r["seq"]), src, int(r["pos"]), c.len)
+        buf = _read_source(topic, p, int(r["seq"]), src, int(r["pos"]), c.length)
         if c.pos > pos:
             out.write(b"\0" * (c.pos - pos))
         out.write(buf)
-        pos = c.pos + c.len
+        pos = c.pos + c.length
         if throttle is not None:
-            throttle(c.len)
+            throttle(c.length)
     data = out.getvalue()
     header = SegmentHeader(p, seq, end, True, int(time.time() * 1000)).pack()
     data = pa.py_buffer(header + data.slice(HEADER_SIZE).to_pybytes())
@@ -140,9 +140,10 @@ def upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarra
     target.write_whole(final, data)
     try:
         for c in chunks:
-            if checksum(read_range(final, c.pos, c.len)) != c.crc:
-                raise CorruptSegment(f"{final}: chunk with offsets [{c.base}, {c.base + c.n}) "
-                                     "does not match its checksum after upload; move abandoned")
+            if checksum(read_range(final, c.pos, c.length)) != c.checksum:
+                raise CorruptSegment(f"{final}: chunk with offsets [{c.base}, "
+                                     f"{c.base + c.records}) does not match its checksum "
+                                     "after upload; move abandoned")
         crash_point("move.verified")
     except BaseException:
         target.release_segment(final)
@@ -227,7 +228,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
             if time.monotonic() - touched >= touch_every:
                 _touch(topic, tmp)
                 touched = time.monotonic()
-            seq, pos, length = int(r["seq"]), c.pos, c.len
+            seq, pos, length = int(r["seq"]), c.pos, c.length
             src = store.tier(tiers[seq]).segment_path(topic.name, p, seq)
             buf = _read_source(topic, p, seq, src, int(r["pos"]), length)
             target.charge_write(length)
@@ -298,8 +299,8 @@ def _verify(path: str, chunks: list[ChunkRecord]) -> None:
     with pa.memory_map(path, "r") as mm:
         buf = mm.read_buffer()
         for c in chunks:
-            if checksum(buf.slice(c.pos, c.len)) != c.crc:
-                raise CorruptSegment(f"{path}: chunk with offsets [{c.base}, {c.base + c.n}) "
+            if checksum(buf.slice(c.pos, c.length)) != c.checksum:
+                raise CorruptSegment(f"{path}: chunk with offsets [{c.base}, {c.base + c.records}) "
                                      "does not match its checksum after copying; move abandoned")
 
 

@@ -186,7 +186,7 @@ def _check_movable(topic: Topic, plan: _Plan, tier_number: int, final: str,
     for s in segs:
         src = topic.store.tier(s.tier)
         path = src.segment_path(topic.name, s.partition, s.seq)
-        span = int(sum(align(int(n)) for n in rows["len"][rows["seq"] == s.seq]))
+        span = int(sum(align(int(n)) for n in rows["length"][rows["seq"] == s.seq]))
         if src.local and not is_settled(path, src.read_header(path), span, grace_s,
                                         time.time()):
             raise SegmentNotMovable(f"segment {s.id} of topic {topic.name!r} holds chunks "
@@ -219,7 +219,7 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         grace_s = topic.setting("log.cleanup.grace.ms") / 1000.0
         final = target.segment_path(topic.name, p, seq)
         _check_movable(topic, plan, tier_number, final, grace_s)
-        need = HEADER_SIZE + sum(align(int(n)) for n in rows["len"])
+        need = HEADER_SIZE + sum(align(int(n)) for n in rows["length"])
         tomb = plan.tomb
         names = contextlib.ExitStack()
         if not target.local:
@@ -283,8 +283,8 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         # Our reads of the sources pinned their files: unpin, so they can be released.
         MAPS.drop({store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs})
         result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
-                            tuple(s.tier for s in segs), tier_number, int(rows["len"].sum()),
-                            int(rows["n"].sum()), time.perf_counter() - t0, adopted)
+                            tuple(s.tier for s in segs), tier_number, int(rows["length"].sum()),
+                            int(rows["records"].sum()), time.perf_counter() - t0, adopted)
         log.info("moved %s/%s (%s) from tier %s to tier %d: %d bytes, %d records in %.3f s%s",
                  topic.name, result.segment, ", ".join(result.sources),
                  "/".join(map(str, result.from_tiers)), tier_number, result.bytes,

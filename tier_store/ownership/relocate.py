@@ -240,8 +240,8 @@ def _segment_problem(tier: Tier, path: str, partition: int, seq: int, extent: in
         return "shorter than their committed chunks", (f" ({size} bytes, its chunks end at "
                                                        f"{extent})")
     if last is not None:
-        buf = read_range(path, int(last["pos"]), int(last["len"]))
-        if checksum(buf) != int(last["crc"]):
+        buf = read_range(path, int(last["pos"]), int(last["length"]))
+        if checksum(buf) != int(last["checksum"]):
             return "whose last committed chunk does not match its checksum", ""
     return None
 
