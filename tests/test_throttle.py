@@ -37,6 +37,18 @@ class Meter:
         return sum(self.calls)
 
 
+def _metered_appends(store, appends: int):
+    """A new topic ``t`` given ``appends`` appends of 200 rows, with a meter on tiers 1 and
+    2 each: (topic, meter of tier 1, meter of tier 2)."""
+    one, two = Meter(), Meter()
+    throttle_tier_writes(one, 1)
+    throttle_tier_writes(two, 2)
+    t = store.create_topic("t", SCHEMA)
+    for i in range(appends):
+        t.append(make_batch(i * 200, 200))
+    return t, one, two
+
+
 def _bytes_on(topic, tier: int) -> int:
     """Chunk bytes of the topic's segments on ``tier``."""
     return sum(s.bytes for s in topic.segments() if s.tier == tier)
@@ -47,12 +59,7 @@ def test_appends_are_charged_to_their_own_file_tier(tmp_path):
     s = Store.open(tmp_path / "store", {
         "log.channel.type": "tiered", "storage.tiers.types": "NVME,HDD",
         "storage.tiers.first.sizes": "128k", "log.segment.bytes": "64k"})
-    one, two = Meter(), Meter()
-    throttle_tier_writes(one, 1)
-    throttle_tier_writes(two, 2)
-    t = s.create_topic("t", SCHEMA)
-    for i in range(40):
-        t.append(make_batch(i * 200, 200))
+    t, one, two = _metered_appends(s, 40)
     assert _bytes_on(t, 1) > 0 and _bytes_on(t, 2) > 0
     assert one.total == _bytes_on(t, 1) and two.total == _bytes_on(t, 2)
     assert len(one.calls) + len(two.calls) == 40  # one charge per chunk
@@ -60,12 +67,7 @@ def test_appends_are_charged_to_their_own_file_tier(tmp_path):
 
 
 def test_pmem_appends_are_charged_to_the_pmem_tier_only(tiered_store):
-    pmem, hdd = Meter(), Meter()
-    throttle_tier_writes(pmem, 1)
-    throttle_tier_writes(hdd, 2)
-    t = tiered_store.create_topic("t", SCHEMA)
-    for i in range(10):
-        t.append(make_batch(i * 200, 200))
+    t, pmem, hdd = _metered_appends(tiered_store, 10)
     assert {s.tier for s in t.segments()} == {1}
     assert pmem.total == _bytes_on(t, 1) > 0 and len(pmem.calls) == 10
     assert hdd.calls == []

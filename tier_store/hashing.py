@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .errors import PafkaError
+from .errors import InvalidArgument
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -74,7 +74,7 @@ def hash_keys(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
             ints = storage.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
             h = fmix64(ints.astype(np.int64).view(np.uint64))
         else:
-            raise PafkaError(
+            raise InvalidArgument(
                 f"cannot partition by a key column of type {t}: use an integer, string, binary, "
                 "float, boolean, date or timestamp column"
             )

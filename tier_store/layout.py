@@ -37,7 +37,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from .errors import PafkaError
+from .errors import InvalidArgument
 from .ids import SegmentId
 
 STORE_FILE = "_store.json"
@@ -66,12 +66,13 @@ _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 def check_topic_name(name: object) -> str:
     """Validate a topic name by Kafka's rule; raise naming the rule otherwise."""
     if not isinstance(name, str) or not _TOPIC_RE.match(name) or name in (".", ".."):
-        raise PafkaError(
+        raise InvalidArgument(
             f"invalid topic name {name!r}: use 1 to 249 characters from [a-zA-Z0-9._-], "
             "not '.' or '..'"
         )
     if name.startswith("_"):
-        raise PafkaError(f"invalid topic name {name!r}: names starting with '_' are reserved")
+        raise InvalidArgument(f"invalid topic name {name!r}: names starting with '_' are "
+                              "reserved")
     return name
 
 
@@ -212,6 +213,21 @@ def write_temp(directory: str, data: bytes | memoryview, durable: bool = True) -
     finally:
         os.close(fd)
     return tmp
+
+
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Create file ``path`` holding ``data`` iff it does not exist, atomically (a temporary
+    file linked to the name) and durably; False if it existed."""
+    directory = os.path.dirname(path)
+    tmp = write_temp(directory, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    fsync_dir(directory)
+    return True
 
 
 def write_atomic(path: str, data: bytes, durable: bool = True) -> None:

@@ -28,7 +28,6 @@ from .commit_log import CommitLog
 from .config import StoreConfig, load_config
 from .errors import (
     InvalidArgument,
-    PafkaError,
     TopicDeleted,
     TopicExists,
     TopicNotFound,
@@ -142,8 +141,8 @@ class Store:
     def tier(self, number: int) -> Tier:
         """Tier ``number`` (1 = fastest)."""
         if not 1 <= number <= len(self.tiers):
-            raise PafkaError(f"store {self.root} has no tier {number}: it has tiers "
-                             f"1..{len(self.tiers)}")
+            raise InvalidArgument(f"store {self.root} has no tier {number}: it has tiers "
+                                  f"1..{len(self.tiers)}")
         return self.tiers[number - 1]
 
     # -- topics -----------------------------------------------------------------------------

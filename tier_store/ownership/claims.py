@@ -25,10 +25,10 @@ from ..layout import (
     STORE_FILE,
     TIER_OWNER,
     TMP_PREFIX,
+    create_exclusive,
     fsync_dir,
     is_url,
     write_atomic,
-    write_temp,
 )
 from .saved import inside, read_saved
 
@@ -64,15 +64,7 @@ class LocalClaim:
             return None
 
     def create(self, data: bytes) -> bool:
-        tmp = write_temp(self.path, data)
-        try:
-            os.link(tmp, self.marker)
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-        fsync_dir(self.path)
-        return True
+        return create_exclusive(self.marker, data)
 
     def replace(self, data: bytes) -> None:
         write_atomic(self.marker, data)

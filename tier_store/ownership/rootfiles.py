@@ -34,7 +34,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from ..errors import CorruptState
-from ..layout import file_lock, fsync_dir, makedirs_durable, topic_names, write_atomic, write_temp
+from ..layout import create_exclusive, file_lock, makedirs_durable, topic_names, write_atomic
 
 
 class RootFiles(ABC):
@@ -87,15 +87,7 @@ class PosixRootFiles(RootFiles):
             return f.read()
 
     def create(self, name: str, data: bytes) -> bool:
-        tmp = write_temp(self.root, data)
-        try:
-            os.link(tmp, self._path(name))
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-        fsync_dir(self.root)
-        return True
+        return create_exclusive(self._path(name), data)
 
     def replace(self, name: str, data: bytes) -> None:
         write_atomic(self._path(name), data)
