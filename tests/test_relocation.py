@@ -425,7 +425,7 @@ def test_chunks_written_to_the_old_place_are_refused_by_any_handle(tmp_path):
     with Store.open(tmp_path / "s") as driver:
         t = driver.topic("t")
         before = t.latest_offsets()
-        for stale in (refs, [replace(r, relocation=None) for r in refs]):  # None: a release
+        for stale in (refs, [replace(r, relocation=None) for r in refs]):  # None: not recorded
             with pytest.raises(TierRelocated, match=r"tier 1 of the store .* was relocated "
                                                   r"\(to .*disk2\) after data was written"):
                 t.commit([ChunkRef.from_dict(r.to_dict()) for r in stale])

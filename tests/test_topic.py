@@ -11,6 +11,7 @@ from tier_store import (
     PafkaError,
     SchemaMismatch,
     Store,
+    TierRelocated,
     TopicExists,
     TopicNotFound,
     check_topic,
@@ -613,3 +614,15 @@ def test_an_unreadable_pointer_after_a_machine_crash_starts_a_segment_past_all_c
     assert first[0] == last + 1
     assert read_all(again, 0) == list(range(10 * 300))
     assert check_topic(again).ok
+
+
+def test_a_chunk_naming_no_topic_id_or_relocation_count_is_refused(file_store):
+    from dataclasses import replace
+    t = file_store.create_topic("t", SCHEMA)
+    refs = t.write_chunks(make_batch(0, 10))
+    with pytest.raises(CommitConflict, match=f"expected a chunk naming the topic's id {t.id}, "
+                                             "found one naming none"):
+        t.commit([replace(r, topic_id=None) for r in refs])
+    with pytest.raises(TierRelocated):
+        t.commit([replace(r, relocation=None) for r in refs])
+    assert t.latest_offsets() == {0: 0} and t.commit(refs)[0].records == 10

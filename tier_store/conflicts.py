@@ -106,14 +106,18 @@ class SameIncarnation:
     deleted since (a topic of the same name created again has another id)."""
 
     topic: str
-    written_to: str  # the id the chunk's writer saw; "" for none recorded
+    written_to: str  # the id the chunk's writer saw
 
     def validate(self, state: TopicState) -> None:
-        if self.written_to and self.written_to != state.topic_id:
+        if not self.written_to:
+            raise CommitConflict(
+                f"topic {self.topic!r}: expected a chunk naming the topic's id "
+                f"{state.topic_id}, found one naming none: write the batch again")
+        if self.written_to != state.topic_id:
             raise CommitConflict(
                 f"topic {self.topic!r}: a chunk was written to an incarnation of the topic "
                 f"(id {self.written_to}) that was deleted; the topic is now id "
-                f"{state.topic_id or '(none)'}: write the batch again")
+                f"{state.topic_id}: write the batch again")
 
 
 @dataclass(frozen=True)

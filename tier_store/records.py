@@ -28,11 +28,10 @@ class ChunkRef:
     tmin: int | None = None
     tmax: int | None = None
     # How many times the store had relocated the chunk's tier when the chunk was written: a
-    # commit is refused once the tier was relocated since (None: written by a release that
-    # did not record it; refused on a tier ever relocated).
+    # commit is refused once the tier was relocated since (and when it is not recorded).
     relocation: int | None = None
     # The incarnation of the topic the chunk was written to: a commit into a topic deleted
-    # and created again since is refused ("" or None: not recorded).
+    # and created again since is refused (and one not naming it).
     topic_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

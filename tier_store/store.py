@@ -36,9 +36,6 @@ from .layout import (
     MIGRATION_FILE,
     STORE_FILE,
     check_topic_name,
-    is_topic,
-    log_dir,
-    makedirs_durable,
     partitions_dir,
 )
 from .maintenance import deletion, garbage, housekeeping
@@ -151,12 +148,7 @@ class Store:
         """Create a topic with an Arrow schema; :class:`TopicExists` if it is there."""
         entry = create_entry(name, schema, self.config["num.partitions"] if partitions is None
                              else partitions, config)
-        ldir = log_dir(self.root, name)
-        # <topic>/ in the root and _log/, _partitions/ in <topic>/: all durable before the
-        # create entry can be.
-        makedirs_durable(ldir)
-        makedirs_durable(partitions_dir(self.root, name))
-        if not CommitLog(ldir, name).publish(0, entry):
+        if not CommitLog.on(self.files.new_topic_log(name)).publish(0, entry):
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
         log.info("created topic %s with %d partitions", name, entry.partitions)
         return self.topic(name)
@@ -177,11 +169,11 @@ class Store:
                     except OSError as e:
                         log.warning("topic %s: closing a deleted topic's writers failed: %s",
                                     name, e)
-            if not is_topic(self.root, name):
+            if not self.files.is_topic(name):
                 known = self.topics()
                 raise TopicNotFound(f"topic {name!r} does not exist in {self.root}; topics: "
                                     f"{', '.join(known) if known else '(none)'}")
-            clog = CommitLog(log_dir(self.root, name), name)
+            clog = CommitLog.on(self.files.topic_log(name))
             t = Topic(self, name, clog.load(), clog)
             self._topics[name] = t
             return t

@@ -21,7 +21,11 @@ Contract:
   a cached parse is reused while it is the same.
 * ``lock(name, shared)`` holds a lock across processes of this host until the context
   exits (exclusive unless ``shared``); the holder's death releases it.
-* ``topic_names()`` lists the topics (directories whose commit log has begun), sorted.
+* ``topic_names()`` lists the topics (those whose commit log has begun), sorted;
+  ``is_topic(name)`` says whether one is.
+* ``topic_log(name)`` is the :class:`~tier_store.logstore.LogStore` of a topic's commit log;
+  ``new_topic_log(name)`` prepares a new topic's place first (durably), so that entry 0 can
+  be published into it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,17 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from ..errors import CorruptState
-from ..layout import create_exclusive, file_lock, makedirs_durable, topic_names, write_atomic
+from ..layout import (
+    create_exclusive,
+    file_lock,
+    is_topic,
+    log_dir,
+    makedirs_durable,
+    partitions_dir,
+    topic_names,
+    write_atomic,
+)
+from ..logstore import LogStore, PosixLogStore
 
 
 class RootFiles(ABC):
@@ -60,6 +74,15 @@ class RootFiles(ABC):
 
     @abstractmethod
     def topic_names(self) -> list[str]: ...
+
+    @abstractmethod
+    def is_topic(self, name: str) -> bool: ...
+
+    @abstractmethod
+    def topic_log(self, name: str) -> LogStore: ...
+
+    @abstractmethod
+    def new_topic_log(self, name: str) -> LogStore: ...
 
     @abstractmethod
     def make_root(self) -> None:
@@ -106,6 +129,19 @@ class PosixRootFiles(RootFiles):
 
     def topic_names(self) -> list[str]:
         return topic_names(self.root)
+
+    def is_topic(self, name: str) -> bool:
+        return is_topic(self.root, name)
+
+    def topic_log(self, name: str) -> LogStore:
+        return PosixLogStore(log_dir(self.root, name), name)
+
+    def new_topic_log(self, name: str) -> LogStore:
+        # <topic>/ in the root and _log/, _partitions/ in <topic>/: all durable before the
+        # create entry can be.
+        makedirs_durable(log_dir(self.root, name))
+        makedirs_durable(partitions_dir(self.root, name))
+        return self.topic_log(name)
 
     def make_root(self) -> None:
         makedirs_durable(self.root)
