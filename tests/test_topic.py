@@ -1,5 +1,6 @@
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -626,3 +627,26 @@ def test_a_chunk_naming_no_topic_id_or_relocation_count_is_refused(file_store):
     with pytest.raises(TierRelocated):
         t.commit([replace(r, relocation=None) for r in refs])
     assert t.latest_offsets() == {0: 0} and t.commit(refs)[0].records == 10
+
+
+def test_a_planned_chunk_is_read_from_another_copy_when_its_file_is_missing(file_store,
+                                                                            tmp_path):
+    from dataclasses import replace
+
+    from tier_store import execute
+    t = file_store.create_topic("t", SCHEMA)
+    t.append(make_batch(0, 50))
+    plan = t.plan_read(0, 0)
+    (c,) = plan.chunks
+    original = Path(c.path).read_bytes()
+    copy = tmp_path / "copy.seg"
+    copy.write_bytes(b"\0" * 100 + original)
+    damaged = tmp_path / "damaged.seg"
+    damaged.write_bytes(original[: c.pos] + b"\xff" * c.length)
+    gone = replace(c, path=str(tmp_path / "gone.seg"),
+                   elsewhere=((str(damaged), c.pos), (str(copy), c.pos + 100)))
+    rows = [pb.batch.num_rows for pb in execute(replace(plan, chunks=(gone,)), replan=False)]
+    assert sum(rows) == 50
+    with pytest.raises(DataLoss, match="gone.seg, which is missing"):
+        list(execute(replace(plan, chunks=(replace(gone, elsewhere=((str(damaged), c.pos),)),)),
+                     replan=False))

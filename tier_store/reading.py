@@ -25,7 +25,11 @@ from .pins import MAPS, owner_of
 
 @dataclass(frozen=True)
 class PlannedChunk:
-    """One committed chunk to read: file, byte range, offsets, commit time and checksum."""
+    """One committed chunk to read: file, byte range, offsets, commit time and checksum.
+
+    ``elsewhere`` names other copies of the same bytes, as (file, position) pairs: tried in
+    order when ``path`` is missing or its bytes do not match the checksum (another host's
+    copy, or a shared tier's)."""
 
     path: str
     pos: int
@@ -34,6 +38,7 @@ class PlannedChunk:
     records: int
     timestamp: int
     checksum: int
+    elsewhere: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,18 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
     yield from _execute(plan, verify, -1 if replan else None)
 
 
+def _read_elsewhere(c: PlannedChunk, verify: bool) -> pa.Buffer | None:
+    """The chunk's bytes from the first of its other copies that has them; None if none."""
+    for path, pos in c.elsewhere:
+        try:
+            buf = read_range(path, pos, c.length)
+        except FileNotFoundError:
+            continue
+        if not verify or checksum(buf) == c.checksum:
+            return buf
+    return None
+
+
 def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
              ) -> Iterator[PlannedBatch]:
     """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
@@ -154,6 +171,9 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
         else:
             if verify and checksum(buf) != c.checksum:
                 stale = "checksum"
+        if stale is not None and c.elsewhere:
+            buf = _read_elsewhere(c, verify)
+            stale = None if buf is not None else stale
         if stale is not None:
             start = max(at_offset, c.base)
             if replanned_at is None or start <= replanned_at:
