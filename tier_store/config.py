@@ -284,7 +284,7 @@ def properties_text() -> str:
     the layout keys would make opening a store created with other values a conflict.
     """
     lines = ["# Pafka for Spark: store configuration. Every key, its default and what it means.",
-             "# Generated from tier_store/config.py (KEYS); a test checks the two agree.",
+             "# Generated from tier_store/config_keys.py (KEYS); a test checks the two agree.",
              "#",
              "# Every key is commented out at its default: uncomment a line to set it. Keys",
              "# marked 'Fixed when the store is created' are saved in <root>/_store.json on the",
