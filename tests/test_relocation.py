@@ -605,3 +605,12 @@ def test_a_missing_tier_directory_in_the_root_with_no_segments_is_made(tmp_path)
     shutil.rmtree(tmp_path / "s" / "tier-1")
     with pytest.raises(ConfigError, match="tier-1 of the store at .* is missing"):
         Store.open(tmp_path / "s")
+
+
+def test_a_claim_naming_no_host_is_never_taken_for_this_host_s(tmp_path, shm_dir):
+    a_tier, _ = _pmem_store(tmp_path, shm_dir)
+    marker = a_tier / "_pafka_store"
+    marker.write_text(json.dumps({"store": "0" * 32, "root": str(tmp_path / "gone")}))
+    with pytest.raises(ConfigError, match="which cannot be checked from host"):
+        Store.open(tmp_path / "a")
+    assert json.loads(marker.read_text())["store"] == "0" * 32

@@ -152,6 +152,7 @@ def owner_store(root: str) -> dict[str, Any] | None:
 # Names the host in claims. Only consulted when a claim's root cannot be seen from here: a
 # store's root seen from another host (a shared filesystem) is checked there, not by name.
 HOST = os.environ.get("PAFKA_HOST_ID") or socket.gethostname()
+UNKNOWN_HOST = "(a host the claim does not name)"
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ def read_owner(claim: Claim) -> Owner | None:
         return None
     try:
         owner = json.loads(raw)
-        fields = (owner["root"], owner["store"], owner["host"])
+        # A claim naming no host cannot be this host's for sure: it counts as another's.
+        fields = (owner["root"], owner["store"], owner.get("host") or UNKNOWN_HOST)
         if not all(isinstance(f, str) and f for f in fields):
             raise ValueError(f"root, store and host must be non-empty strings, got {fields!r}")
         return Owner(*fields)
