@@ -60,6 +60,7 @@ class Topic:
         self.name = name
         self.log = TopicLog(name, store, state, commit_log)
         self._parts: dict[int, PartitionLog] = {}
+        self._parts_lock = threading.Lock()  # _parts, _rr: appends never wait on commits
         self._flusher = Flusher()
         self._sync_lock = threading.Lock()
         self._rr = random.randrange(1 << 16)
@@ -102,7 +103,7 @@ class Topic:
         return self
 
     def state(self, refresh: bool = True) -> TopicState:
-        """The topic's state (refreshed unless ``refresh=False``). Treat it as read-only."""
+        """The topic's state (refreshed unless ``refresh=False``), read-only."""
         return self.log.refresh() if refresh else self.log.current
 
     def snapshot(self) -> contextlib.AbstractContextManager[TopicState]:
@@ -111,11 +112,11 @@ class Topic:
 
     @property
     def checkpointed_version(self) -> int:
-        """The version of the newest checkpoint this handle knows of (0 for none)."""
+        """The version of the newest checkpoint this handle knows of (0: none)."""
         return self.log.checkpointed_version
 
     def write_checkpoint(self) -> int:
-        """Write a checkpoint of the state as it is (not refreshed); returns its version."""
+        """Write a checkpoint of the state as it is; returns its version."""
         return self.log.write_checkpoint(self.setting("log.cleanup.grace.ms"))
 
     def latest_offsets(self) -> dict[int, int]:
@@ -139,7 +140,7 @@ class Topic:
     def partition_log(self, partition: int) -> PartitionLog:
         """Partition ``partition``'s log as this handle writes it."""
         p = self._check_partition(partition)
-        with self.log.lock:
+        with self._parts_lock:
             part = self._parts.get(p)
             if part is None:
                 part = self._parts[p] = PartitionLog(self.name, p, self.store, self.setting,
@@ -172,7 +173,7 @@ class Topic:
         elif key is not None:
             groups = route(table, key, self.partitions)
         else:
-            with self.log.lock:
+            with self._parts_lock:
                 p = self._rr % self.partitions
                 self._rr += 1
             groups = [(p, table)]
@@ -187,13 +188,11 @@ class Topic:
         # One sync at a time: a second caller must not return while the first is still
         # flushing chunks it also wrote.
         with self._sync_lock:
-            with self.log.lock:
+            with self._parts_lock:
                 parts = sorted(self._parts.values(), key=lambda q: q.number)
             if any([q.sync() for q in parts]):
                 fsync_dir(partitions_dir(self.store.root, self.name))
-            # After the partitions: a segment rolled out before its partition was synced
-            # was queued for its flush before that.
-            self._flusher.wait()
+            self._flusher.wait()  # after: rolled-out segments were queued before their sync
 
     def _append_chunk(self, p: int, chunk: EncodedChunk, ts_col: str | None,
                       durable: bool) -> ChunkRef:
@@ -346,7 +345,7 @@ class Topic:
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""
         self.sync()
-        with self.log.lock:
+        with self._parts_lock:
             parts, self._parts = list(self._parts.values()), {}
         for q in parts:
             q.close()
