@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tier_store import InvalidArgument, PafkaError
+from tier_store import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def check_replaceable(root: str) -> None:
     if os.path.isdir(root) and not os.path.islink(root) and \
             (not os.listdir(root) or is_demo_store(root)):
         return
-    raise PafkaError(
+    raise InvalidArgument(
         f"{root} exists and is not a store made by the demo (no {DEMO_MARKER} file in it), so "
         "the demo will not delete it to start afresh. Move or rename it, or run `pafka demo` "
         "from another directory (the demo's store is ./pafka-data)")
@@ -109,14 +109,14 @@ def wait_for_topic(root: str, name: str, query: Any, timeout: float = TOPIC_TIME
     while name not in store.topics():
         error = query.exception()
         if error is not None:
-            raise PafkaError(f"the query writing topic {name!r} failed before creating it: "
-                             f"{error}")
+            raise InvalidArgument(f"the query writing topic {name!r} failed before creating it: "
+                                  f"{error}")
         if not query.isActive:
-            raise PafkaError(f"the query writing topic {name!r} stopped before creating it")
+            raise InvalidArgument(f"the query writing topic {name!r} stopped before creating it")
         if time.monotonic() > deadline:
-            raise PafkaError(f"topic {name!r} did not appear in {root} within {timeout:g} s "
-                             f"of starting the query that writes it; its status: "
-                             f"{query.status}")
+            raise InvalidArgument(f"topic {name!r} did not appear in {root} within {timeout:g} s "
+                                  f"of starting the query that writes it; its status: "
+                                  f"{query.status}")
         time.sleep(0.2)
 
 
@@ -277,7 +277,7 @@ def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: 
     say("      time     written            tier 1        tier 2     migrated        lag")
     while not sum(topic.refresh().latest_offsets().values()):  # Spark's first batch
         if not producer.isActive:
-            raise PafkaError(f"query 1 stopped before writing: {producer.exception()}")
+            raise InvalidArgument(f"query 1 stopped before writing: {producer.exception()}")
         time.sleep(0.1)
     start = time.monotonic()
     while time.monotonic() - start < seconds:

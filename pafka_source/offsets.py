@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tier_store import PafkaError, Topic, TopicDeleted
+from tier_store import InvalidArgument, Topic, TopicDeleted
 
 from .options import SourceOptions
 
@@ -81,12 +81,13 @@ def check_offset_options(topics: list[Topic], opts: SourceOptions) -> None:
         for name, parts in spec.items():
             t = by_name.get(name)
             if t is None:
-                raise PafkaError(f"option {option!r} names topic {name!r}, which this read does "
-                                 f"not read (it reads {', '.join(sorted(by_name))})")
+                raise InvalidArgument(f"option {option!r} names topic {name!r}, which this read "
+                                      "does "
+                                      f"not read (it reads {', '.join(sorted(by_name))})")
             unknown = [p for p in parts if int(p) >= t.partitions]
             if unknown:
-                raise PafkaError(f"option {option!r} names partition {', '.join(unknown)} of "
-                                 f"topic {name!r}, which has partitions 0..{t.partitions - 1}")
+                raise InvalidArgument(f"option {option!r} names partition {', '.join(unknown)} of "
+                                      f"topic {name!r}, which has partitions 0..{t.partitions - 1}")
 
 
 def resolve_offsets(topics: dict[str, Topic], spec: Any, default: str, kind: str) -> Offsets:
@@ -101,8 +102,8 @@ def resolve_offsets(topics: dict[str, Topic], spec: Any, default: str, kind: str
         if isinstance(chosen, dict):
             unknown = [p for p in given if int(p) >= t.partitions]
             if unknown:
-                raise PafkaError(f"{kind} names partitions {unknown} of topic {name!r}, "
-                                 f"which has partitions 0..{t.partitions - 1}")
+                raise InvalidArgument(f"{kind} names partitions {unknown} of topic {name!r}, "
+                                      f"which has partitions 0..{t.partitions - 1}")
         for p in range(t.partitions):
             if isinstance(chosen, str):
                 off = earliest[p] if chosen == "earliest" else latest[p]
@@ -114,8 +115,8 @@ def resolve_offsets(topics: dict[str, Topic], spec: Any, default: str, kind: str
     if isinstance(spec, dict):
         missing = [n for n in spec if n not in out]
         if missing:
-            raise PafkaError(f"{kind} names topics {missing} that are not read "
-                             f"(reading {list(out)})")
+            raise InvalidArgument(f"{kind} names topics {missing} that are not read "
+                                  f"(reading {list(out)})")
     return out
 
 
@@ -146,7 +147,7 @@ def group_offsets(topics: dict[str, Topic], group: str) -> Offsets:
         known = sorted({g for t in topics.values() for g in t.state(refresh=False).positions})
         where = (f"topic {next(iter(topics))!r}" if len(topics) == 1 else
                  f"topics {', '.join(repr(n) for n in topics)}")
-        raise PafkaError(
+        raise InvalidArgument(
             f"option 'startingOffsets' is 'group', but consumer group {group!r} has no "
             f"committed offsets on {where}; groups there: {', '.join(known) or '(none)'}. "
             "Check the 'consumerGroup' option, or record the group's position first "

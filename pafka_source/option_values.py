@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tier_store import PafkaError, parse_size
+from tier_store import InvalidArgument, parse_size
 
 # The spelling users write (Spark hands options over lower-cased).
 NAMES = {k.lower(): k for k in (
@@ -33,10 +33,10 @@ def display(name: str) -> str:
     return NAMES.get(name.lower(), name)
 
 
-def bad_value(option: str, value: Any, allowed: str) -> PafkaError:
+def bad_value(option: str, value: Any, allowed: str) -> InvalidArgument:
     """The error for a bad option value: the option as users spell it, and what is allowed."""
-    return PafkaError(f"invalid value {value!r} for option {display(option)!r}: "
-                      f"expected {allowed}")
+    return InvalidArgument(f"invalid value {value!r} for option {display(option)!r}: "
+                           f"expected {allowed}")
 
 
 def parse_bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -115,11 +115,13 @@ def parse_json(name: str, raw: str, expected: str) -> Any:
         out: dict[str, Any] = {}
         for k, v in items:
             if k in out:
-                raise PafkaError(f"option {display(name)!r} gives {k!r} twice: {raw}")
+                raise InvalidArgument(f"option {display(name)!r} gives {k!r} twice: {raw}")
             out[k] = v
         return out
     try:
         return json.loads(raw, object_pairs_hook=pairs)
+    except InvalidArgument:
+        raise  # a key given twice: its own message
     except ValueError:
         raise bad_value(name, raw, expected) from None
 
@@ -168,12 +170,12 @@ def offset_json(name: str, raw: Any, parsed: Any, lowest: int, allowed: str
         for p, off in parts.items():
             if not _PARTITION_RE.fullmatch(str(p)) or isinstance(off, bool) or \
                     not isinstance(off, int) or off < lowest:
-                raise PafkaError(
+                raise InvalidArgument(
                     f"invalid entry {p!r}: {off!r} for topic {topic!r} in option "
                     f"{display(name)!r}: partitions are non-negative integers and {allowed}")
             if int(p) in clean:
-                raise PafkaError(f"option {display(name)!r} gives partition {int(p)} of topic "
-                                 f"{topic!r} twice (as {spelled[int(p)]!r} and {p!r})")
+                raise InvalidArgument(f"option {display(name)!r} gives partition {int(p)} of topic "
+                                      f"{topic!r} twice (as {spelled[int(p)]!r} and {p!r})")
             clean[int(p)] = off
             spelled[int(p)] = p
         out[topic] = {str(p): clean[p] for p in sorted(clean)}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tier_store import CONFIG_KEYS, PafkaError, key_for, load_config
+from tier_store import CONFIG_KEYS, InvalidArgument, key_for, load_config
 
 from .option_values import (
     NAMES,
@@ -99,13 +99,14 @@ def _check_known(opts: Mapping[str, str], known: Mapping[str, str], side: str) -
             continue
         if name in SOURCE_OPTIONS | SINK_OPTIONS:
             other = "write" if side == "source" else "read"
-            raise PafkaError(f"option {display(name)!r} applies to a {other}, not to a "
-                             f"{'read' if side == 'source' else 'write'}. Known {side} options: "
-                             f"{_listing(known)}")
+            raise InvalidArgument(f"option {display(name)!r} applies to a {other}, not to a "
+                                  f"{'read' if side == 'source' else 'write'}. Known {side} "
+                                  "options: "
+                                  f"{_listing(known)}")
         close = difflib.get_close_matches(name, list(known) + list(CONFIG_KEYS), n=2, cutoff=0.6)
         hint = f"; did you mean {' or '.join(display(c) for c in close)}? " if close else ". "
-        raise PafkaError(f"unknown {side} option {name!r}{hint}Known {side} options: "
-                         f"{_listing(known)}; and the store keys of conf/pafka.properties")
+        raise InvalidArgument(f"unknown {side} option {name!r}{hint}Known {side} options: "
+                              f"{_listing(known)}; and the store keys of conf/pafka.properties")
 
 
 # What an option is when it is not given, for the README's tables.
@@ -151,8 +152,8 @@ def store_config(opts: Mapping[str, str]) -> dict[str, Any]:
 def _root(opts: Mapping[str, str]) -> str:
     root = opts.get("path")
     if not root:
-        raise PafkaError("no store root: pass it to load(root)/save(root)/start(root) or set "
-                         "the 'path' option")
+        raise InvalidArgument("no store root: pass it to load(root)/save(root)/start(root) or set "
+                              "the 'path' option")
     return root
 
 
@@ -186,8 +187,9 @@ class SourceOptions:
         _check_known(opts, SOURCE_OPTIONS, "source")
         chosen = [k for k in ("topic", "subscribe", "subscribepattern") if opts.get(k)]
         if len(chosen) != 1:
-            raise PafkaError("set exactly one of the options 'topic', 'subscribe' and "
-                             f"'subscribePattern' (got {[display(k) for k in chosen] or 'none'})")
+            raise InvalidArgument("set exactly one of the options 'topic', 'subscribe' and "
+                                  "'subscribePattern' (got "
+                                  f"{[display(k) for k in chosen] or 'none'})")
         topics: tuple[str, ...] = ()
         pattern = None
         if "topic" in chosen:
@@ -206,14 +208,17 @@ class SourceOptions:
         max_records = positive_int(opts, "maxoffsetspertrigger")
         alias = positive_int(opts, "maxrecordspertrigger")
         if max_records is not None and alias is not None and max_records != alias:
-            raise PafkaError("maxOffsetsPerTrigger and its alias maxRecordsPerTrigger disagree: "
-                             "set one")
+            raise InvalidArgument("maxOffsetsPerTrigger and its alias maxRecordsPerTrigger "
+                                  "disagree: "
+                                  "set one")
         max_records = max_records if max_records is not None else alias
         min_records = positive_int(opts, "minoffsetspertrigger")
         if min_records is not None and max_records is not None and min_records > max_records:
-            raise PafkaError(f"minOffsetsPerTrigger={min_records} is above maxOffsetsPerTrigger="
-                             f"{max_records}: a micro-batch could never hold that many records; "
-                             "set minOffsetsPerTrigger <= maxOffsetsPerTrigger")
+            raise InvalidArgument(f"minOffsetsPerTrigger={min_records} is above "
+                                  "maxOffsetsPerTrigger="
+                                  f"{max_records}: a micro-batch could never hold that many "
+                                  "records; "
+                                  "set minOffsetsPerTrigger <= maxOffsetsPerTrigger")
         starting_ts = None
         if opts.get("startingtimestamp") is not None:
             raw = opts["startingtimestamp"]
@@ -234,13 +239,13 @@ class SourceOptions:
         given = [k for k in ("startingoffsets", "startingtimestamp",
                              "startingoffsetsbytimestamp") if opts.get(k) is not None]
         if len(given) > 1:
-            raise PafkaError(f"set at most one of {', '.join(display(k) for k in given)}")
+            raise InvalidArgument(f"set at most one of {', '.join(display(k) for k in given)}")
         starting = parse_offsets(opts, "startingoffsets")
         group = non_empty(opts, "consumergroup", "a consumer group name")
         if starting == "group" and group is None:
-            raise PafkaError("option 'startingOffsets' is 'group', but no 'consumerGroup' is "
-                             "set: name the group to start from with "
-                             ".option('consumerGroup', NAME)")
+            raise InvalidArgument("option 'startingOffsets' is 'group', but no 'consumerGroup' is "
+                                  "set: name the group to start from with "
+                                  ".option('consumerGroup', NAME)")
         return cls(
             root=_root(opts), topics=topics, pattern=pattern,
             starting=starting,
@@ -286,8 +291,8 @@ class SinkOptions:
         opts = lower_keys(options)
         _check_known(opts, SINK_OPTIONS, "sink")
         if not opts.get("topic") or not str(opts["topic"]).strip():
-            raise PafkaError("the 'topic' option is required to write: "
-                             ".option('topic', 'clicks')")
+            raise InvalidArgument("the 'topic' option is required to write: "
+                                  ".option('topic', 'clicks')")
         compression = opts.get("compression")
         config = store_config(opts)
         if compression is not None:

@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from tier_store import (
     DataLoss,
-    PafkaError,
+    InvalidArgument,
     ReadPlan,
     SchemaMismatch,
     Store,
@@ -67,8 +67,9 @@ def resolve_topics(store: Store, opts: SourceOptions) -> list[Topic]:
         rx = re.compile(opts.pattern)
         names = [n for n in store.topics() if rx.fullmatch(n)]
         if not names:
-            raise PafkaError(f"no topic of {store.root} matches subscribePattern "
-                             f"{opts.pattern!r}; topics: {', '.join(store.topics()) or '(none)'}")
+            raise InvalidArgument(f"no topic of {store.root} matches subscribePattern "
+                                  f"{opts.pattern!r}; topics: "
+                                  f"{', '.join(store.topics()) or '(none)'}")
     else:
         names = list(opts.topics)
     topics = [store.topic(n) for n in names]

@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from tier_store import DataLoss, PafkaError, Topic
+from tier_store import DataLoss, InvalidArgument, Topic
 
 from .offsets import Offsets, bounds, recreated, split_ids, with_ids
 from .options import SourceOptions
@@ -55,10 +55,11 @@ class PafkaBatchReader(Planning, DataSourceReader):
         else:
             at_latest = ""
         if at_latest:
-            raise PafkaError(f"option 'startingOffsets' is {at_latest} in a batch read: a batch "
-                             "read cannot start at the latest offsets, it would read nothing "
-                             "(Kafka's source refuses it too); use earliest, offsets or "
-                             "startingTimestamp")
+            raise InvalidArgument(f"option 'startingOffsets' is {at_latest} in a batch read: a "
+                                  "batch "
+                                  "read cannot start at the latest offsets, it would read nothing "
+                                  "(Kafka's source refuses it too); use earliest, offsets or "
+                                  "startingTimestamp")
         ignored = opts.ignored_in_batch()
         if ignored:
             log.warning("option(s) %s only apply to streaming reads: ignored in a batch read",
@@ -81,14 +82,15 @@ class PafkaBatchReader(Planning, DataSourceReader):
                 s, lo, hi = start[name][p], earliest[int(p)], latest[int(p)]
                 where = f"topic {name!r} partition {p} ({bounds(lo, hi)})"
                 if s > hi:
-                    raise PafkaError(f"{starting}: offset {s} of {where} is beyond the latest "
-                                     "offset")
+                    raise InvalidArgument(f"{starting}: offset {s} of {where} is beyond the latest "
+                                          "offset")
                 if e > hi:
-                    raise PafkaError(f"endingOffsets: offset {e} of {where} is beyond the latest "
-                                     "offset: those records do not exist yet")
+                    raise InvalidArgument(f"endingOffsets: offset {e} of {where} is beyond the "
+                                          "latest "
+                                          "offset: those records do not exist yet")
                 if e < s:
-                    raise PafkaError(f"endingOffsets: offset {e} of {where} is below the "
-                                     f"starting offset {s}")
+                    raise InvalidArgument(f"endingOffsets: offset {e} of {where} is below the "
+                                          f"starting offset {s}")
 
 
 class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -98,9 +100,10 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
         super().__init__(opts, schema)
         if opts.ending is not None:
             # As Kafka's source: "ending offset not valid in streaming queries".
-            raise PafkaError("option 'endingOffsets' applies to batch reads (spark.read) only: "
-                             "a streaming read has no end; remove it, or use "
-                             "trigger(availableNow=True) to stop at the offsets of the start")
+            raise InvalidArgument("option 'endingOffsets' applies to batch reads (spark.read) "
+                                  "only: "
+                                  "a streaming read has no end; remove it, or use "
+                                  "trigger(availableNow=True) to stop at the offsets of the start")
         if "maxtriggerdelay" in opts.given and opts.min_records is None:
             log.warning("option maxTriggerDelay has no effect without minOffsetsPerTrigger")
         self._target: Offsets | None = None

@@ -39,6 +39,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
 from tier_store import (
+    InvalidArgument,
     PafkaError,
     SchemaMismatch,
     TopicExists,
@@ -84,9 +85,9 @@ class PafkaDataSource(DataSource):
     def _source_options(self, schema: StructType) -> SourceOptions:
         opts, expected = self._open_source()
         if schema != expected:
-            raise PafkaError(f"a pafka source has the topic's schema; do not set another with "
-                             f".schema(): expected {expected.simpleString()}, got "
-                             f"{schema.simpleString()}")
+            raise InvalidArgument(f"a pafka source has the topic's schema; do not set another with "
+                                  f".schema(): expected {expected.simpleString()}, got "
+                                  f"{schema.simpleString()}")
         return opts
 
     def reader(self, schema: StructType) -> PafkaBatchReader:
@@ -124,8 +125,8 @@ class PafkaDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PafkaBatchWriter:
         if overwrite:
-            raise PafkaError("a pafka topic is an append-only log: use mode('append'), not "
-                             "overwrite")
+            raise InvalidArgument("a pafka topic is an append-only log: use mode('append'), not "
+                                  "overwrite")
         prepared = self._prepare_sink(schema)
         if prepared[0].writer_id is not None:
             # A batch write is one atomic append with no batch id to replay: nothing for a
@@ -136,7 +137,7 @@ class PafkaDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PafkaStreamWriter:
         if overwrite:
-            raise PafkaError("a pafka topic is an append-only log: use outputMode('append')")
+            raise InvalidArgument("a pafka topic is an append-only log: use outputMode('append')")
         return PafkaStreamWriter(*self._prepare_sink(schema))
 
 
@@ -146,8 +147,8 @@ def check_sink_columns(opts: SinkOptions, wanted: pa.Schema) -> None:
     column back."""
     for col, what in ((opts.key, "key"), (opts.timestamp_column, "timestampColumn")):
         if col is not None and col not in wanted.names:
-            raise PafkaError(f"option {what!r}: column {col!r} is not in the DataFrame "
-                             f"(columns: {wanted.names})")
+            raise InvalidArgument(f"option {what!r}: column {col!r} is not in the DataFrame "
+                                  f"(columns: {wanted.names})")
     if opts.key is not None:
         # The store's own hash decides (and words the error), on an empty probe of the type.
         hash_keys(pa.nulls(1, wanted.field(opts.key).type))
@@ -155,20 +156,22 @@ def check_sink_columns(opts: SinkOptions, wanted: pa.Schema) -> None:
         t = wanted.field(opts.timestamp_column).type
         if not (pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_integer(t)):
             # The store's own words: it checks the same on executors when a chunk is written.
-            raise PafkaError(f"timestamp column {opts.timestamp_column!r} must be a timestamp, "
-                             f"date or integer (milliseconds) column, not {t}")
+            raise InvalidArgument(f"timestamp column {opts.timestamp_column!r} must be a "
+                                  "timestamp, "
+                                  f"date or integer (milliseconds) column, not {t}")
     try:
         spark_schema(wanted, include_metadata=False)
     except PafkaError as e:
-        raise PafkaError(f"cannot write to topic {opts.topic!r}: a read could not give the "
-                         f"column back to Spark: {e}") from None
+        raise InvalidArgument(f"cannot write to topic {opts.topic!r}: a read could not give the "
+                              f"column back to Spark: {e}") from None
 
 
 def check_partitions_option(opts: SinkOptions, partitions: int) -> None:
     """``partitions`` sizes a topic this write creates; it cannot resize one (a Kafka producer
     cannot either): a different count is an error rather than silently ignored."""
     if opts.partitions is not None and opts.partitions != partitions:
-        raise PafkaError(f"option 'partitions' is {opts.partitions}, but topic {opts.topic!r} "
-                         f"already exists with {partitions} partitions: the option only sizes a "
-                         "topic the write creates; remove it, or add partitions with "
-                         "Topic.add_partitions()")
+        raise InvalidArgument(f"option 'partitions' is {opts.partitions}, but topic {opts.topic!r} "
+                              f"already exists with {partitions} partitions: the option only "
+                              "sizes a "
+                              "topic the write creates; remove it, or add partitions with "
+                              "Topic.add_partitions()")

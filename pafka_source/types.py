@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from tier_store import PafkaError
+from tier_store import InvalidArgument
 
 METADATA_FIELDS = [
     pa.field("_topic", pa.string(), nullable=False),
@@ -41,7 +41,8 @@ def _spark_arrow_type(t: pa.DataType, where: str) -> pa.DataType:
     if pa.types.is_date64(t):
         return pa.date32()
     if pa.types.is_decimal(t) and t.precision > 38:
-        raise PafkaError(f"column {where}: {t} has more than 38 digits, which Spark cannot hold")
+        raise InvalidArgument(f"column {where}: {t} has more than 38 digits, which Spark cannot "
+                              "hold")
     if pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
         return pa.list_(_field(t.value_field, f"{where}[]"))
     if pa.types.is_struct(t):
@@ -53,8 +54,8 @@ def _spark_arrow_type(t: pa.DataType, where: str) -> pa.DataType:
     if pa.types.is_duration(t):  # Spark's day-time interval
         return pa.duration("us")
     if pa.types.is_time(t) or pa.types.is_union(t) or pa.types.is_null(t):
-        raise PafkaError(f"column {where}: Arrow type {t} has no Spark counterpart; write it "
-                         "as another type (e.g. int64 microseconds)")
+        raise InvalidArgument(f"column {where}: Arrow type {t} has no Spark counterpart; write it "
+                              "as another type (e.g. int64 microseconds)")
     return t
 
 
@@ -68,13 +69,13 @@ def spark_schema(topic_schema: pa.Schema, include_metadata: bool) -> StructType:
     if include_metadata:
         clash = [f.name for f in fields if f.name in {m.name for m in METADATA_FIELDS}]
         if clash:
-            raise PafkaError(f"includeMetadata would add columns {clash} that the topic "
-                             "already has")
+            raise InvalidArgument(f"includeMetadata would add columns {clash} that the topic "
+                                  "already has")
         fields += METADATA_FIELDS
     try:
         return from_arrow_schema(pa.schema(fields))
     except (TypeError, NotImplementedError) as e:
-        raise PafkaError(f"the topic's schema cannot be read by Spark: {e}") from None
+        raise InvalidArgument(f"the topic's schema cannot be read by Spark: {e}") from None
 
 
 def target_arrow_schema(schema: StructType) -> pa.Schema:
@@ -97,4 +98,4 @@ def topic_schema_from_spark(schema: StructType) -> pa.Schema:
     try:
         return to_arrow_schema(schema, timezone="UTC")
     except (TypeError, NotImplementedError) as e:
-        raise PafkaError(f"the DataFrame's schema cannot be stored: {e}") from None
+        raise InvalidArgument(f"the DataFrame's schema cannot be stored: {e}") from None

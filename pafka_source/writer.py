@@ -25,7 +25,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from tier_store import SEGMENT_HEADER_SIZE, ChunkRef, PafkaError, Topic
+from tier_store import SEGMENT_HEADER_SIZE, ChunkRef, InvalidArgument, Topic
 
 from .handles import open_store
 from .options import SinkOptions
@@ -223,8 +223,8 @@ class _Writing:
         writer_id = self.opts.writer_id or next((m.writer_id for m in msgs if m.writer_id), None)
         topic = self._topic()
         if batch_id is not None and writer_id is None:
-            raise PafkaError("cannot commit a streaming batch without a writer id: set the "
-                             "'writerId' option")
+            raise InvalidArgument("cannot commit a streaming batch without a writer id: set the "
+                                  "'writerId' option")
         if not refs:
             return
         res = topic.commit(refs, writer_id=writer_id if batch_id is not None else None,

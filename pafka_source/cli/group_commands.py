@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tier_store import InvalidArgument, PafkaError, Store
+from tier_store import InvalidArgument, Store
 
 RESET_NOTE = ("a running query of the group records its own position at its next commit, "
               "overwriting a reset (as in Kafka): stop the group's queries first. A query "
@@ -40,8 +40,8 @@ def groups_report(store: Store, topic: str | None = None, group: str | None = No
                         "lag": sum(x["lag"] for x in parts if x["lag"] is not None)})
     if group is not None and not out:
         where = f"topic {topic!r}" if topic is not None else f"the store {store.root}"
-        raise PafkaError(f"consumer group {group!r} has no committed offsets on {where}; "
-                         f"groups: {', '.join(sorted(seen)) or '(none)'}")
+        raise InvalidArgument(f"consumer group {group!r} has no committed offsets on {where}; "
+                              f"groups: {', '.join(sorted(seen)) or '(none)'}")
     return {"root": store.root, "topic": topic, "groups": out}
 
 
