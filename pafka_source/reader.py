@@ -133,10 +133,10 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
                 if int(p) >= st.partitions:
                     out[name][p] = s
                     continue
-                hi = st.next_offset[int(p)]
+                hi = st.part(int(p)).next_offset
                 if s > hi:
                     where = (f"topic {name!r} partition {p} "
-                             f"({bounds(st.start_offset[int(p)], hi)})")
+                             f"({bounds(st.part(int(p)).start_offset, hi)})")
                     msg = what.format(s=s, where=where)
                     if self.opts.fail_on_data_loss:
                         raise DataLoss(f"{msg}; set failOnDataLoss=false to continue from the "

@@ -153,7 +153,7 @@ def _committed_at(state: TopicState, ref: ChunkRef) -> np.ndarray:
     """The chunk-index rows committed at ``ref``'s place since it was written. A chunk is
     committed after it was written, so only rows committed since then can hold it: a short
     tail of the index."""
-    tail = state.chunks[ref.partition].committed_since(ref.written_ms - 1000)
+    tail = state.part(ref.partition).chunks.committed_since(ref.written_ms - 1000)
     return tail[(tail["seq"] == ref.seq) & (tail["pos"] == ref.pos)]
 
 

@@ -61,16 +61,16 @@ def check_topic(topic: Topic, verify: bool = True,
     report.version = st.version
     # Second pass: offsets.
     for p in range(st.partitions):
-        rows = st.chunks[p].rows()
-        expect = st.start_offset[p]
+        rows = st.part(p).chunks.rows()
+        expect = st.part(p).start_offset
         for base, n in zip(rows["base"].tolist(), rows["records"].tolist(), strict=True):
             if base != expect:
                 report.problems.append(f"partition {p}: chunk at offset {base} where {expect} "
                                        "was expected (gap or overlap)")
             expect = base + n
-        if expect != st.next_offset[p]:
+        if expect != st.part(p).next_offset:
             report.problems.append(f"partition {p}: chunks end at offset {expect} but the log "
-                                   f"says the latest offset is {st.next_offset[p]}")
+                                   f"says the latest offset is {st.part(p).next_offset}")
     # Third and fourth passes: files and checksums.
     for seg in st.segments.values():
         report.segments += 1
@@ -95,7 +95,7 @@ def check_topic(topic: Topic, verify: bool = True,
             report.problems.append(f"{path}: {size} bytes, but committed chunks reach "
                                    f"byte {seg.extent}")
             continue
-        rows = st.chunks[seg.partition].rows()
+        rows = st.part(seg.partition).chunks.rows()
         mine = rows[rows["seq"] == seg.seq]
         report.chunks += len(mine)
         if not verify or not len(mine):

@@ -162,7 +162,7 @@ def _header_sealed(topic: Topic, seg: SegmentState) -> bool:
 
 
 def _rows(st: TopicState, segs: list[SegmentState]) -> np.ndarray:
-    rows = st.chunks[segs[0].partition].rows()
+    rows = st.part(segs[0].partition).chunks.rows()
     return rows[np.isin(rows["seq"], [s.seq for s in segs])]
 
 

@@ -203,7 +203,7 @@ def _check_segments(number: int, tier: Tier, states: dict[str, TopicState],
             if seg.tier != number:
                 continue
             if seg.partition not in last:
-                last[seg.partition] = _last_chunks(st.chunks[seg.partition].rows())
+                last[seg.partition] = _last_chunks(st.part(seg.partition).chunks.rows())
             spath = tier.segment_path(name, seg.partition, seg.seq)
             problem = _segment_problem(tier, spath, seg.partition, seg.seq, seg.extent,
                                        last[seg.partition].get(seg.seq))
