@@ -39,7 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tier_store import (
     CommitConflict,
+    CorruptLog,
     CorruptSegment,
+    CorruptState,
     DataLoss,
     MoveResult,
     OldCopyInGrace,
@@ -72,7 +74,12 @@ def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
     the policy expects: a pool file per segment on a pmem tier, committed bytes elsewhere."""
     segs: list[SegmentView] = []
     for name in store.topics():
-        for s in store.topic(name).segments():
+        try:
+            segments = store.topic(name).segments()
+        except (CorruptLog, CorruptState) as e:  # one topic's damage stops no other
+            log.warning("topic %s: not migrated, its commit log is damaged: %s", name, e)
+            continue
+        for s in segments:
             # A segment with chunks a writer may still commit waits: moving it would make
             # that commit fail.
             segs.append(SegmentView(name, s.id, s.partition, SegmentId.parse(s.id).seq, s.tier,

@@ -20,26 +20,94 @@ Guarantees (the store's contract gives the first three; see :mod:`tier_store.log
   missing checkpoint anyway (left by an older release) is survived: the newest checkpoint
   present is read instead, then the entries after it.
 
-Malformed entries and checkpoints raise :class:`~tier_store.errors.CorruptLog` naming the
-file.
+Integrity: every entry carries a checksum of its version, the topic's id and its bytes
+(:mod:`tier_store.entries`); every checkpoint ends with a trailer holding its version and a
+checksum of its bytes, checked before Arrow parses any of them. Replay then checks each entry
+against the state it extends, and a checkpoint's state against itself (:mod:`tier_store.state`).
+A damaged, malformed or misplaced entry or checkpoint raises
+:class:`~tier_store.errors.CorruptLog` naming the file: the topic does not open, rather than
+opening with rows missing or twice.
 
-Thread-safety: a :class:`CommitLog` holds no mutable state of its own; it is safe to share.
+Thread-safety: a :class:`CommitLog` keeps only the topic's id once read (the same for every
+reader of one incarnation); it is safe to share.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import time
 
 import pyarrow as pa
+import xxhash
 
 from .crash import crash_point
-from .entries import Entry, decode
+from .entries import CreateEntry, Entry, decode
 from .errors import CorruptLog, TopicNotFound
 from .logstore import LogStore, PosixLogStore
 from .state import TopicState
 
 log = logging.getLogger(__name__)
+
+_TRAILER = struct.Struct("<8sQQ")  # magic, version, xxh3-64 of the bytes before
+_MAGIC = b"PAFKACP1"
+_MAX_VERSION = 10**20 - 1  # what 20-digit file names hold
+
+
+def _checkpoint_digest(body: memoryview | bytes, version: int) -> int:
+    h = xxhash.xxh3_64(body)
+    h.update(_MAGIC + version.to_bytes(8, "little"))
+    return h.intdigest()
+
+
+def encode_checkpoint(table: pa.Table, version: int) -> bytes:
+    """Checkpoint ``version`` as stored: ``table`` as an Arrow IPC file, then the trailer."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        for b in table.to_batches():
+            w.write_batch(b)
+    body = sink.getvalue()
+    return body.to_pybytes() + _TRAILER.pack(_MAGIC, version,
+                                             _checkpoint_digest(memoryview(body), version))
+
+
+def checkpoint_body(data: bytes | pa.Buffer) -> pa.Buffer:
+    """The Arrow IPC file of a stored checkpoint (unchecked; for tools and tests)."""
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    return buf.slice(0, max(0, buf.size - _TRAILER.size))
+
+
+def checked_checkpoint(data: bytes | pa.Buffer, version: int, where: str) -> pa.Buffer:
+    """The Arrow IPC file of checkpoint ``version`` once its trailer matches;
+    :class:`CorruptLog` naming ``where`` otherwise."""
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    view = memoryview(buf)
+    if len(view) < _TRAILER.size:
+        raise CorruptLog(f"checkpoint {where} is damaged: {len(view)} bytes, too short")
+    magic, held, digest = _TRAILER.unpack(view[len(view) - _TRAILER.size:])
+    body = view[:len(view) - _TRAILER.size]
+    if magic != _MAGIC:
+        raise CorruptLog(f"checkpoint {where} is damaged: no checksum trailer (truncated, or "
+                         "written by a release without checksums)")
+    if held != version:
+        raise CorruptLog(f"checkpoint {where} holds version {held}, not {version}")
+    if _checkpoint_digest(body, version) != digest:
+        raise CorruptLog(f"checkpoint {where} is damaged: its checksum does not match")
+    return buf.slice(0, len(body))
+
+
+def decode_checkpoint(data: bytes | pa.Buffer, version: int, topic: str, where: str
+                      ) -> TopicState:
+    """The state stored checkpoint ``data`` holds, once it is checked to be checkpoint
+    ``version`` of ``topic``; :class:`CorruptLog` naming ``where`` otherwise."""
+    try:
+        table = pa.ipc.open_file(checked_checkpoint(data, version, where)).read_all()
+        table.validate(full=True)  # buffers in bounds before numpy reads them
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise CorruptLog(f"checkpoint {where} is unreadable: {e}") from None
+    except KeyError as e:  # ArrowKeyError
+        raise CorruptLog(f"checkpoint {where} is unreadable: {e!r}") from None
+    return TopicState.from_checkpoint(table, where, version, topic)
 
 
 class CommitLog:
@@ -50,6 +118,8 @@ class CommitLog:
         self.store: LogStore = store if store is not None else PosixLogStore(path, topic)
         self.path = path
         self.topic = topic
+        # The topic's id, once read: entries after entry 0 are checksummed with it.
+        self._topic_id: str | None = None
 
     @classmethod
     def on(cls, store: LogStore) -> CommitLog:
@@ -68,17 +138,44 @@ class CommitLog:
     # -- publication ----------------------------------------------------------------------
     def publish(self, version: int, entry: Entry) -> bool:
         """Publish ``entry`` as ``version``; False if that number is already taken."""
-        return self.store.put_if_absent(version, entry.encode())
+        if version == 0:
+            topic_id = entry.id if isinstance(entry, CreateEntry) else ""
+        else:
+            topic_id = self.topic_id()
+        return self.store.put_if_absent(version, entry.encode(version, topic_id))
+
+    def topic_id(self) -> str:
+        """The topic's id (read from the log the first time it is needed)."""
+        if self._topic_id is None:
+            self.load()
+        assert self._topic_id is not None
+        return self._topic_id
+
+    def _learn(self, state: TopicState) -> TopicState:
+        if state.version >= 0 and self._topic_id is None:
+            self._topic_id = state.topic_id
+        return state
 
     # -- reading --------------------------------------------------------------------------
-    def read_entry(self, version: int) -> Entry | None:
+    def read_entry(self, version: int, topic_id: str | None = None) -> Entry | None:
+        """Entry ``version`` (None if there is none), checked against ``topic_id`` (default:
+        the id this log has read)."""
         data = self.store.read(version)
         if data is None:
             return None
-        return decode(data, self.store.entry_location(version))
+        if topic_id is None:
+            topic_id = self.topic_id() if version else ""
+        return decode(data, self.store.entry_location(version), version, topic_id)
 
     def last_checkpoint(self) -> int | None:
-        return self.store.last_checkpoint_hint()
+        """The version the checkpoint pointer names; None if none (or not a version)."""
+        cp = self.store.last_checkpoint_hint()
+        if cp is not None and (isinstance(cp, bool) or not isinstance(cp, int)
+                               or not 0 <= cp <= _MAX_VERSION):
+            log.warning("topic %s: the checkpoint pointer in %s names %r, not a version; "
+                        "looking for checkpoints instead", self.topic, self.path, cp)
+            return None
+        return cp
 
     def load(self) -> TopicState:
         """The topic's newest state: last checkpoint, then every entry after it."""
@@ -100,22 +197,22 @@ class CommitLog:
             state = TopicState(self.topic)
             if not self.store.contains(0):
                 raise TopicNotFound(f"topic {self.topic!r}: commit log {self.path} is empty")
-        return self.refresh(state)
+        return self._learn(self.refresh(state))
 
     def refresh(self, state: TopicState) -> TopicState:
         """Apply the entries published since ``state.version``; returns the state to use."""
         self.check_incarnation()
         while True:
             v = state.version + 1
-            entry = self.read_entry(v)
+            entry = self.read_entry(v, state.topic_id if v else "")
             if entry is not None:
-                state.apply(v, entry)
+                state.apply(v, entry, self.store.entry_location(v))
                 continue
             # No entry v: either nothing new, or old entries were cleaned up behind a
             # checkpoint newer than this handle. Entries are deleted in ascending order, so
             # if our own last entry is still there, nothing was cleaned past us.
             if state.version >= 0 and self.store.contains(state.version):
-                return state
+                return self._learn(state)
             cp = self.last_checkpoint()
             loaded = self._read_checkpoint(cp) if cp is not None and cp > state.version \
                 else None
@@ -126,7 +223,7 @@ class CommitLog:
                 continue
             if state.version < 0:
                 raise TopicNotFound(f"topic {self.topic!r}: no readable commit log at {self.path}")
-            return state
+            return self._learn(state)
 
     def _newest_checkpoint(self) -> TopicState | None:
         """The newest readable checkpoint, found by listing (only when the pointer cannot be
@@ -145,12 +242,9 @@ class CommitLog:
         where = self.store.checkpoint_location(version)
         try:
             data = self.store.read_checkpoint(version)
-            if data is None:
-                return None
-            table = pa.ipc.open_file(data).read_all()
-        except (pa.ArrowInvalid, OSError) as e:
+        except OSError as e:
             raise CorruptLog(f"checkpoint {where} is unreadable: {e}") from None
-        return TopicState.from_checkpoint(table, where)
+        return None if data is None else decode_checkpoint(data, version, self.topic, where)
 
     # -- checkpoints and cleanup ----------------------------------------------------------
     def write_checkpoint(self, state: TopicState, grace_ms: int) -> None:
@@ -158,12 +252,8 @@ class CommitLog:
         previous = self.last_checkpoint()
         if previous is not None and previous >= state.version:
             return
-        table = state.to_checkpoint()
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as w:
-            for b in table.to_batches():
-                w.write_batch(b)
-        self.store.write_checkpoint(state.version, sink.getvalue())
+        self.store.write_checkpoint(state.version,
+                                    encode_checkpoint(state.to_checkpoint(), state.version))
         crash_point("checkpoint.pointer")
         # Others may have written newer checkpoints meanwhile, and cleaned up behind them
         # (ours included): the store never moves the pointer back.

@@ -3,18 +3,29 @@
 Each entry is one JSON object with a ``kind`` and the commit time ``ts`` (ms, monotonic per
 topic). Python names here; the on-disk JSON uses shorter names for a few fields (``p``, ``len``,
 ``n``, ``crc``), mapped only in :meth:`Entry.encode` and :func:`decode`.
+
+The object ends with ``"sum"``: the xxh3-64 (16 hex digits) of the entry's version, the topic's
+id (``""`` for entry 0, which holds the id) and the bytes before it. It is checked before the
+JSON is parsed, so a damaged entry, or one copied from another version or topic, is
+:class:`CorruptLog` naming the file. Then every field's type and range is checked: names and
+numbers from the log build paths and index arrays, so a string where a number belongs (or
+``../``) never gets that far.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import xxhash
 
-from .errors import CorruptLog
+from .errors import CorruptLog, InvalidArgument
+from .ids import SegmentId
 
 
 def schema_to_text(schema: pa.Schema) -> str:
@@ -22,7 +33,23 @@ def schema_to_text(schema: pa.Schema) -> str:
 
 
 def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
+
+
+def checked_schema(text: object, where: str) -> pa.Schema:
+    """The Arrow schema ``text`` holds; :class:`CorruptLog` naming ``where`` if it holds none."""
+    try:
+        if not isinstance(text, str):
+            raise TypeError(f"not a string: {text!r}")
+        return schema_from_text(text)
+    except (pa.ArrowException, binascii.Error, ValueError, TypeError, OSError) as e:
+        raise CorruptLog(f"{where}: the topic's schema is malformed: {e}") from None
+
+
+# Limits of what a log may name: offsets, positions and sequence numbers fit an int64.
+INT64 = 2**63
+MAX_PARTITIONS = 100_000  # num.partitions' maximum
+MAX_TIERS = 64
 
 
 # Python names of fields whose on-disk names are shorter: only encode and decode use these.
@@ -59,11 +86,13 @@ class Entry:
     kind: ClassVar[str] = ""
     ts: int
 
-    def encode(self) -> bytes:
+    def encode(self, version: int, topic_id: str) -> bytes:
+        """The entry as published as ``version`` of the topic with id ``topic_id`` (ignored
+        for entry 0), its checksum last."""
         body = {"kind": self.kind, **_to_disk(asdict(self))}
         if "chunks" in body:
             body["chunks"] = [_to_disk(c) for c in body["chunks"]]
-        return json.dumps(body, separators=(",", ":")).encode()
+        return signed(json.dumps(body, separators=(",", ":")).encode(), version, topic_id)
 
 
 @dataclass(frozen=True)
@@ -129,16 +158,136 @@ KINDS: dict[str, type[Entry]] = {
 }
 
 
-def decode(data: bytes, where: str) -> Entry:
-    """Decode one entry; a malformed one raises naming the file."""
+def _digest(head: bytes, version: int, topic_id: str) -> int:
+    h = xxhash.xxh3_64(b"%d\n%s\n" % (version, (topic_id if version else "").encode()))
+    h.update(head)
+    return h.intdigest()
+
+
+_SUM = re.compile(rb',"sum":"([0-9a-f]{16})"\}\s*\Z')
+
+
+def signed(body: bytes, version: int, topic_id: str) -> bytes:
+    """The JSON object ``body`` with the checksum of entry ``version`` of the topic with id
+    ``topic_id`` added last: the bytes published."""
+    head = body.rstrip()[:-1]
+    return head + b',"sum":"%016x"}' % _digest(head, version, topic_id)
+
+
+def entry_body(data: bytes) -> bytes:
+    """The JSON of an entry without its checksum (as written; for tools and tests)."""
+    m = _SUM.search(data)
+    return data if m is None else data[:m.start()] + b"}"
+
+
+def decode(data: bytes, where: str, version: int, topic_id: str) -> Entry:
+    """Decode entry ``version`` of the topic with id ``topic_id``; a damaged or malformed one
+    raises :class:`CorruptLog` naming the file ``where``."""
+    m = _SUM.search(data)
+    if m is None:
+        raise CorruptLog(f"commit-log entry {where} is damaged: it does not end with its "
+                         "checksum (truncated, or written by a release without checksums)")
+    head = data[:m.start()]
+    if _digest(head, version, topic_id) != int(m.group(1), 16):
+        raise CorruptLog(f"commit-log entry {where} is damaged: its checksum does not match "
+                         f"(changed, or copied from another version or topic)")
     try:
-        body = _from_disk(json.loads(data))
+        body = _from_disk(json.loads(head + b"}"))
+        if not isinstance(body, dict):
+            raise TypeError(f"a JSON {type(body).__name__}, not an object")
         cls = KINDS[body.pop("kind")]
         if "chunks" in body:
-            body["chunks"] = tuple(ChunkRecord(**_from_disk(c)) for c in body["chunks"])
+            if not isinstance(body["chunks"], list):
+                raise TypeError(f"chunks is {body['chunks']!r}, not a list")
+            body["chunks"] = tuple(_chunk(c) for c in body["chunks"])
         for name in ("segments", "sources"):
             if name in body:
+                if not isinstance(body[name], list):
+                    raise TypeError(f"{name} is {body[name]!r}, not a list")
                 body[name] = tuple(body[name])
-        return cls(**body)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CorruptLog(f"commit-log entry {where} is malformed: {e!r}") from None
+        entry = cls(**body)
+        _check_fields(entry)
+        return entry
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CorruptLog(f"commit-log entry {where} is malformed: {e}") from None
+
+
+def _chunk(c: Any) -> ChunkRecord:
+    if not isinstance(c, dict):
+        raise TypeError(f"a chunk is {c!r}, not an object")
+    return ChunkRecord(**_from_disk(c))
+
+
+def _int(name: str, v: Any, low: int = 0, high: int = INT64) -> None:
+    """``v`` must be an int (not a bool) in ``[low, high)``."""
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v < high:
+        raise ValueError(f"{name} is {v!r}, not an integer in [{low}, {high})")
+
+
+def _str(name: str, v: Any, optional: bool = False) -> None:
+    if not (isinstance(v, str) or (optional and v is None)):
+        raise ValueError(f"{name} is {v!r}, not a string")
+
+
+def check_chunk(c: ChunkRecord) -> None:
+    """Types and ranges of a chunk's fields (``ValueError`` naming the field)."""
+    _int("p", c.partition, 0, MAX_PARTITIONS)
+    _int("seq", c.seq)
+    _int("tier", c.tier, 1, MAX_TIERS + 1)
+    _int("pos", c.pos)
+    _int("len", c.length, 1)
+    _int("base", c.base)
+    _int("n", c.records, 1)  # a chunk holds a record at least (empty writes make none)
+    _int("crc", c.checksum, 0, 2**64)
+    if c.base + c.records >= INT64 or c.pos + c.length >= INT64:
+        raise ValueError(f"chunk at byte {c.pos} with offsets from {c.base} is out of range")
+    for name, t in (("tmin", c.tmin), ("tmax", c.tmax)):
+        if t is not None:
+            _int(name, t, -INT64 + 1)
+
+
+def _check_fields(e: Entry) -> None:
+    """Every field of a decoded entry has its type and lies in its range."""
+    _int("ts", e.ts)
+    if isinstance(e, CreateEntry):
+        _str("schema", e.schema)
+        _int("partitions", e.partitions, 1, MAX_PARTITIONS + 1)
+        _str("id", e.id)
+    if isinstance(e, (CreateEntry, ConfigEntry)):
+        if not isinstance(e.config, dict) or not all(isinstance(k, str) for k in e.config):
+            raise ValueError(f"config is {e.config!r}, not an object")
+    elif isinstance(e, AppendEntry):
+        if not e.chunks:
+            raise ValueError("an append names no chunk")
+        for c in e.chunks:
+            check_chunk(c)
+        _str("writer", e.writer, optional=True)
+        if e.batch is not None:
+            _int("batch", e.batch)
+    elif isinstance(e, DeleteEntry):
+        for sid in e.segments:
+            try:
+                SegmentId.parse(sid)
+            except InvalidArgument as err:
+                raise ValueError(str(err)) from None
+        _str("reason", e.reason)
+    elif isinstance(e, PartitionsEntry):
+        _int("partitions", e.partitions, 1, MAX_PARTITIONS + 1)
+    elif isinstance(e, PositionEntry):
+        _str("group", e.group)
+        if not isinstance(e.offsets, dict):
+            raise ValueError(f"offsets is {e.offsets!r}, not an object")
+        for k, v in e.offsets.items():
+            if not (k.isdigit() and k.isascii()):
+                raise ValueError(f"offsets names partition {k!r}")
+            _int(f"the offset of partition {k}", v)
+    elif isinstance(e, MoveEntry):
+        _int("p", e.partition, 0, MAX_PARTITIONS)
+        _int("seq", e.seq)
+        _int("tier", e.tier, 1, MAX_TIERS + 1)
+        if not e.sources:
+            raise ValueError("sources is empty")
+        for q in e.sources:
+            _int("a source", q)
+        for c in e.chunks:
+            check_chunk(c)

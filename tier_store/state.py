@@ -14,6 +14,13 @@ Replay rules, applied in version order:
   (the whole position: merging happens before publishing), and an empty one deletes the
   group; ``config`` updates topic config (the most recent value of a key wins).
 * Every entry's ``ts`` raises ``last_ts``; timestamps are monotonic per topic.
+
+Every entry is checked against the state it extends before it changes anything (entry 0 and
+only it creates; chunks continue their partition's next offset, lie past the segment header,
+stay on their segment's tier; partitions exist and never shrink; a move keeps its offsets), and
+a checkpoint's state against itself: a log that breaks one is
+:class:`~tier_store.errors.CorruptLog` naming the file, never a state with rows missing or
+twice.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ from .entries import (
     MoveEntry,
     PartitionsEntry,
     PositionEntry,
-    schema_from_text,
+    checked_schema,
     schema_to_text,
 )
 from .errors import CorruptLog
 from .layout import segment_id
+from .state_checks import check_checkpoint_meta, check_chunk_rows, entry_problem
 
 NO_TIME = np.iinfo(np.int64).min
 CHUNK_DTYPE = np.dtype([
@@ -48,6 +56,8 @@ CHUNK_DTYPE = np.dtype([
 ])
 # Checkpoint column names of the fields named otherwise in Python (the on-disk format).
 _COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
+_COLUMN_TYPES = {_COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
+                 for n in CHUNK_DTYPE.names}
 
 
 class ChunkIndex:
@@ -59,19 +69,20 @@ class ChunkIndex:
     """
 
     def __init__(self, rows: np.ndarray | None = None,
-                 lazy: tuple[pa.Table, int, int] | None = None):
+                 lazy: tuple[pa.Table, int, int, str] | None = None):
         self._lazy = lazy
         self._a = rows.copy() if rows is not None else np.empty(16, CHUNK_DTYPE)
         self._lo = 0
         self._hi = len(rows) if rows is not None else 0
 
     def _load(self) -> None:
-        table, start, n = self._lazy  # type: ignore[misc]
-        self._lazy = None
+        table, start, n, where = self._lazy  # type: ignore[misc]
         rows = np.empty(max(16, n), CHUNK_DTYPE)
         part = table.slice(start, n)
         for name in CHUNK_DTYPE.names:
             rows[name][:n] = part.column(_COLUMNS.get(name, name)).to_numpy()
+        check_chunk_rows(rows[:n], where)  # before use: the rows index files
+        self._lazy = None
         self._a, self._lo, self._hi = rows, 0, n
 
     def __len__(self) -> int:
@@ -222,13 +233,19 @@ class TopicState:
         return self.tombstones.get(f"{sid}@{tier}")
 
     # -- replay -------------------------------------------------------------------------
-    def apply(self, version: int, entry: Entry) -> None:
+    def apply(self, version: int, entry: Entry, where: str = "") -> None:
+        """Apply ``entry`` as ``version``; :class:`CorruptLog` naming ``where`` (the entry's
+        file) if it does not extend this state, which is then unchanged."""
         if version != self.version + 1:
             raise CorruptLog(
                 f"topic {self.name!r}: commit log version {version} follows {self.version}"
             )
+        problem = entry_problem(self, version, entry)
+        if problem is not None:
+            raise CorruptLog(f"topic {self.name!r}: commit-log entry "
+                             f"{where or f'version {version}'} {problem}")
         if isinstance(entry, CreateEntry):
-            self.schema = schema_from_text(entry.schema)
+            self.schema = checked_schema(entry.schema, where or f"version {version}")
             self.config = dict(entry.config)
             self.created_ts = entry.ts
             self.topic_id = entry.id
@@ -295,24 +312,21 @@ class TopicState:
             part.start_offset = min(remaining) if remaining else part.next_offset
 
     def _apply_move(self, e: MoveEntry) -> None:
-        olds = []
-        for s in e.sources:
-            old = self._drop_segment(segment_id(e.partition, s))
-            if old is None:
-                raise CorruptLog(f"topic {self.name!r}: version {self.version + 1} moves segment "
-                                 f"{segment_id(e.partition, s)}, which the log does not hold")
-            olds.append(old)
+        # entry_problem checked that the log holds every source.
+        olds = [self._drop_segment(segment_id(e.partition, s)) for s in e.sources]
+        assert all(o is not None for o in olds)
         for old in olds:
-            if not (old.seq == e.seq and old.tier == e.tier):
+            if old is not None and not (old.seq == e.seq and old.tier == e.tier):
                 self.tombstones[f"{old.id}@{old.tier}"] = [old.tier, e.ts]
         new = SegmentState(
-            e.partition, e.seq, e.tier, min(o.base for o in olds), max(o.end for o in olds),
-            sum(c.records for c in e.chunks), sum(c.length for c in e.chunks),
-            max((c.pos + c.length for c in e.chunks), default=0),
-            len(e.chunks), min(o.first_ts for o in olds), max(o.last_ts for o in olds))
+            e.partition, e.seq, e.tier, min(o.base for o in olds if o),
+            max(o.end for o in olds if o), sum(c.records for c in e.chunks),
+            sum(c.length for c in e.chunks), max((c.pos + c.length for c in e.chunks), default=0),
+            len(e.chunks), min(o.first_ts for o in olds if o), max(o.last_ts for o in olds if o))
         self._add_segment(new)
         self.tombstones.pop(f"{new.id}@{new.tier}", None)
-        self.parts[e.partition].chunks.replace_segments({o.seq for o in olds}, list(e.chunks),
+        self.parts[e.partition].chunks.replace_segments({o.seq for o in olds if o},
+                                                        list(e.chunks),
                                           np.zeros(len(e.chunks), np.int64))
 
     # -- queries ------------------------------------------------------------------------
@@ -342,30 +356,32 @@ class TopicState:
         return table.replace_schema_metadata({b"pafka.state": json.dumps(meta).encode()})
 
     @classmethod
-    def from_checkpoint(cls, table: pa.Table, where: str) -> TopicState:
+    def from_checkpoint(cls, table: pa.Table, where: str, version: int | None = None,
+                        topic: str | None = None) -> TopicState:
+        """The state checkpoint ``where`` holds (``table``); :class:`CorruptLog` naming it if
+        it is malformed, or is not ``version`` of ``topic`` (when given)."""
         try:
             meta = json.loads(table.schema.metadata[b"pafka.state"])
+            check_checkpoint_meta(meta, table, _COLUMN_TYPES, version, topic)
             st = cls(meta["name"])
             st.version = meta["version"]
-            st.schema = schema_from_text(meta["schema"]) if meta["schema"] else None
+            st.schema = checked_schema(meta["schema"], where) if meta["schema"] else None
             st.partitions = meta["partitions"]
             st.config = meta["config"]
             st.created_ts, st.last_ts = meta["created_ts"], meta["last_ts"]
-            st.topic_id = str(meta.get("topic_id", ""))
+            st.topic_id = meta["topic_id"]
             nexts, starts = meta["next_offset"], meta["start_offset"]
             counts = meta["chunk_counts"]
-            if not len(nexts) == len(starts) == len(counts) == st.partitions:
-                raise ValueError(f"{st.partitions} partitions, but {len(nexts)} next offsets, "
-                                 f"{len(starts)} start offsets, {len(counts)} chunk counts")
             at = 0
             for p in range(st.partitions):
-                st.parts.append(PartitionState(p, int(nexts[p]), int(starts[p]),
-                                               ChunkIndex(lazy=(table, at, counts[p]))))
+                st.parts.append(PartitionState(p, nexts[p], starts[p],
+                                               ChunkIndex(lazy=(table, at, counts[p], where))))
                 at += counts[p]
             for s in meta["segments"]:
                 st._add_segment(SegmentState(**s))
             st.writers, st.positions = meta["writers"], meta["positions"]
             st.tombstones = meta["tombstones"]
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise CorruptLog(f"checkpoint {where} is malformed: {e!r}") from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError,
+                RecursionError) as e:
+            raise CorruptLog(f"checkpoint {where} is malformed: {e}") from None
         return st

@@ -8,7 +8,16 @@ What the store owns and how (claims on tiers outside the root, relocation, the r
 fence) lives in :mod:`tier_store.ownership`; topics see the store through
 :class:`~tier_store.host.TopicHost` only.
 
-Thread-safety: a store may be shared by threads; topic handles are cached per store.
+Thread-safety: a store may be shared by threads; topic handles are cached per store. A
+store dropped without :meth:`Store.close` releases its topics' writers (descriptors, PMEM
+mappings) once the cycle collector frees it and its handles.
+
+Integrity (``docs/integrity.md``): reads verify each chunk's checksum before Arrow sees its
+bytes, and any damage is :class:`CorruptSegment` naming the file. The store never
+truncates, shrinks or reuses a file a reader has pinned. A segment truncated from outside
+the store is :class:`CorruptSegment` when a read maps it, or reuses its cached mapping.
+Truncating a mapped file under a running read can still kill the reader (SIGBUS): no size
+check closes that race.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from .layout import (
     partitions_dir,
 )
 from .maintenance import deletion, garbage, housekeeping
-from .maintenance.check import CheckReport, check_topic
+from .maintenance.check import CheckReport, check_named, readable_states
 from .maintenance.moves import MoveResult, move_segment
 from .ownership import (
     PosixRootFiles,
@@ -211,7 +220,7 @@ class Store:
 
     # -- tiers --------------------------------------------------------------------------------
     def _states(self) -> list[TopicState]:
-        return [self.topic(name).state() for name in self.topics()]
+        return readable_states(self)  # a topic whose log is damaged is logged, left out
 
     def used_bytes(self) -> dict[int, int]:
         """Committed bytes per tier, accounted from every topic's state."""
@@ -265,7 +274,7 @@ class Store:
     def check(self, topics: list[str] | None = None, verify: bool = True,
               progress: Any = None) -> list[CheckReport]:
         """Check topics against their commit logs (see :mod:`tier_store.maintenance.check`)."""
-        return [check_topic(self.topic(n), verify, progress) for n in (topics or self.topics())]
+        return [check_named(self, n, verify, progress) for n in (topics or self.topics())]
 
     def move_segment(self, segment_id: str, tier: int, merge_with: Sequence[str] = (),
                      topic: str | None = None,

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    out.echo_lines(out.render_topics(sc.list_topics(sc.open_store(args.root))))
-    return 0
+    topics = sc.list_topics(sc.open_store(args.root))
+    out.echo_lines(out.render_topics(topics))
+    return 1 if any("error" in t for t in topics) else 0
 
 
 def cmd_tiers(args: argparse.Namespace) -> int:

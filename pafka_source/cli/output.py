@@ -84,8 +84,9 @@ def error_text(e: BaseException) -> str:
 
 # -- store commands ------------------------------------------------------------------------
 def render_topics(topics: list[dict[str, Any]]) -> list[str]:
-    """``pafka topics``: a line per topic."""
-    return [f"{t['topic']}\tpartitions={t['partitions']}\tlatest={json.dumps(t['latest'])}"
+    """``pafka topics``: a line per topic (one whose log is damaged: the error)."""
+    return [f"{t['topic']}\tERROR: {t['error']}" if "error" in t else
+            f"{t['topic']}\tpartitions={t['partitions']}\tlatest={json.dumps(t['latest'])}"
             for t in topics]
 
 

@@ -15,6 +15,8 @@ from tier_store import (
     STORE_FILE,
     CheckReport,
     ConfigError,
+    CorruptLog,
+    CorruptSegment,
     InvalidArgument,
     MoveResult,
     PafkaError,
@@ -83,11 +85,15 @@ def config_args(items: list[str] | None) -> dict[str, str]:
 
 # -- topics ----------------------------------------------------------------------------------
 def list_topics(store: Store) -> list[dict[str, Any]]:
-    """Every topic with its partition count and latest offsets."""
-    out = []
+    """Every topic with its partition count and latest offsets; one whose commit log does
+    not load has ``error`` instead (the others are still listed)."""
+    out: list[dict[str, Any]] = []
     for name in store.topics():
-        t = store.topic(name)
-        out.append({"topic": name, "partitions": t.partitions, "latest": t.latest_offsets()})
+        try:
+            t = store.topic(name)
+            out.append({"topic": name, "partitions": t.partitions, "latest": t.latest_offsets()})
+        except (CorruptLog, CorruptSegment) as e:
+            out.append({"topic": name, "error": str(e)})
     return out
 
 
@@ -123,7 +129,13 @@ def delete_topic(store: Store, name: str) -> dict[str, Any]:
 def check_names(store: Store, topic: str | None) -> tuple[list[str], int]:
     """The topics ``pafka check`` verifies (``topic``, or all) and the bytes they hold."""
     names = [topic] if topic else store.topics()
-    return names, sum(s.bytes for n in names for s in store.topic(n).segments())
+    total = 0
+    for n in names:
+        try:
+            total += sum(s.bytes for s in store.topic(n).segments())
+        except (CorruptLog, CorruptSegment):
+            pass  # the check reports it
+    return names, total
 
 
 def check_topics(store: Store, names: list[str], verify: bool,

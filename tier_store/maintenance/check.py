@@ -11,7 +11,9 @@ segment moved while it is checked may be reported missing (run it again).
 It runs in ordered passes and reports every problem instead of stopping at the first:
 
 1. The log: the state loads from the last checkpoint and the entries after it, with
-   consecutive versions (replay raises on a gap).
+   consecutive versions, every checksum matching and every entry extending the state before
+   it. A topic whose log fails is reported (naming the file) by :func:`check_named`, and the
+   other topics are still checked.
 2. Offsets: per partition, committed chunks cover ``[earliest, latest)`` with no gap and no
    overlap.
 3. Files: every committed segment's file exists on its tier, its header names the same
@@ -21,6 +23,7 @@ It runs in ordered passes and reports every problem instead of stopping at the f
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,7 +33,12 @@ from ..errors import CorruptLog, CorruptSegment
 from ..reading import read_range
 
 if TYPE_CHECKING:
+    from ..state import TopicState
+    from ..store import Store
     from ..topic import Topic
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # corrupt logs already logged, by message
 
 
 @dataclass
@@ -113,4 +121,29 @@ def check_topic(topic: Topic, verify: bool = True,
     return report
 
 
-__all__ = ["CheckReport", "check_topic"]
+def check_named(store: Store, name: str, verify: bool = True,
+                progress: Callable[[int], None] | None = None) -> CheckReport:
+    """Check topic ``name`` of ``store``; a log that does not load is its report's problem."""
+    try:
+        topic = store.topic(name)
+    except (CorruptSegment, CorruptLog) as e:
+        return CheckReport(name, problems=[str(e)])
+    return check_topic(topic, verify, progress)
+
+
+def readable_states(store: Store) -> list[TopicState]:
+    """The states of the topics of ``store`` whose commit log loads; each other one is
+    logged (once per damage) and left out, so that one damaged topic does not stop the
+    store's accounting for the others."""
+    out = []
+    for name in store.topics():
+        try:
+            out.append(store.topic(name).state())
+        except CorruptLog as e:
+            if str(e) not in _warned:
+                _warned.add(str(e))
+                log.warning("topic %s is left out of the store's accounting: %s", name, e)
+    return out
+
+
+__all__ = ["CheckReport", "check_named", "check_topic", "readable_states"]

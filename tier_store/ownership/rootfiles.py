@@ -37,8 +37,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from ..errors import CorruptState
+from ..errors import CorruptState, InvalidArgument
 from ..layout import (
+    check_topic_name,
     create_exclusive,
     file_lock,
     is_topic,
@@ -128,7 +129,8 @@ class PosixRootFiles(RootFiles):
             yield
 
     def topic_names(self) -> list[str]:
-        return topic_names(self.root)
+        # A directory whose name no topic can have (made by hand) is not one of them.
+        return [n for n in topic_names(self.root) if _valid_topic_name(n)]
 
     def is_topic(self, name: str) -> bool:
         return is_topic(self.root, name)
@@ -145,6 +147,14 @@ class PosixRootFiles(RootFiles):
 
     def make_root(self) -> None:
         makedirs_durable(self.root)
+
+
+def _valid_topic_name(name: str) -> bool:
+    try:
+        check_topic_name(name)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def read_json_object(files: RootFiles, name: str, fix: str) -> dict[str, Any]:

@@ -125,6 +125,14 @@ def decode_saved(raw: bytes | None, root: str) -> dict[str, Any] | None:
         raise ConfigError(f"{path} is damaged: expected a JSON object with format, id, config "
                           f"and layout, the layout with a tier.paths array; {found}")
     layout = saved["layout"]
+    escaping = [v for k, v in [*saved["config"].items(),
+                               *(("storage.tiers.1.paths", p) for p in layout["tier.paths"])]
+                if _is_path_key(k) and isinstance(v, str) and v and not is_url(v)
+                and not os.path.isabs(v) and not inside(root, resolve_path(root, k, v))]
+    if escaping:
+        # Only tier paths inside the root are saved relative to it (_portable_path).
+        raise ConfigError(f"{path} is damaged: the relative tier path {escaping[0]!r} leads "
+                          "outside the store's root")
     saved["config"] = {k: resolve_path(root, k, v) for k, v in saved["config"].items()}
     layout["tier.paths"] = [resolve_path(root, "storage.tiers.1.paths", p)
                             for p in layout["tier.paths"]]
