@@ -17,19 +17,23 @@ one place, on every attempt (:meth:`~tier_store.topic.Topic.replace_segments`,
 * :class:`SegmentInPlace`: a chunk's segment was not moved or deleted since the chunk was
   written, and a segment not committed yet still has its file.
 * :class:`ChunkNotOverwritten`: no other chunk was committed at a written chunk's place.
+* :class:`ChunkWithinEnd`: the header of a written chunk's segment still covers it (its
+  ``end`` did not fall below the chunk: a damaged header, or a crash that lost its update).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .errors import CommitConflict, InvalidArgument
+from .errors import CommitConflict, CorruptSegment, InvalidArgument
 from .layout import segment_id
+from .segment import HEADER_FIELDS, SegmentHeader
 
 if TYPE_CHECKING:
     from .records import ChunkRef
@@ -184,6 +188,45 @@ class ChunkNotOverwritten:
                 "was overwritten before it was committed: write the batch again")
 
 
+@dataclass(frozen=True)
+class ChunkWithinEnd:
+    """The header of the segment chunks were written to still covers them: its ``end`` lies
+    at or after ``end`` (the furthest chunk's end), and it names the segment. Chunks written
+    but not committed are known only to that header; one it no longer covers can be
+    overwritten by the next append, or was lost with the header's update in a crash. One
+    header read per segment and commit attempt."""
+
+    topic: str
+    partition: int
+    seq: int
+    tier: Tier
+    end: int
+
+    def validate(self, state: TopicState) -> None:
+        sid = segment_id(self.partition, self.seq)
+        path = self.tier.segment_path(self.topic, self.partition, self.seq)
+        try:
+            fd = self.tier.open_inside(path, os.O_RDONLY)
+        except FileNotFoundError:
+            found = "no file"
+        else:
+            try:
+                hdr = SegmentHeader.unpack(os.pread(fd, HEADER_FIELDS, 0), path, strict=False)
+            except CorruptSegment as e:
+                found = f"a header that is not the segment's ({e})"
+            else:
+                found = "" if (hdr.partition, hdr.seq) == (self.partition, self.seq) and \
+                    hdr.end >= self.end else \
+                    f"segment {hdr.partition}-{hdr.seq} ending at byte {hdr.end}"
+            finally:
+                os.close(fd)
+        if found:
+            raise CommitConflict(
+                f"topic {self.topic!r}: segment {sid} ({path}) no longer holds the chunks "
+                f"written to it: expected its header to end at or after byte {self.end}, "
+                f"found {found}; write the batch again")
+
+
 def unseen_chunks(topic: str, state: TopicState, refs: Sequence[ChunkRef]) -> list[ChunkRef]:
     """``refs`` without those already committed (a retried commit without a writer id);
     :class:`CommitConflict` for one whose place holds another chunk
@@ -207,14 +250,20 @@ def append_requirements(topic: str, refs: Iterable[ChunkRef], tier: Callable[[in
     """What an append entry of ``refs`` relies on, per chunk: the incarnation it was written
     to, then its segment in place. ``tier(n)`` gives tier ``n``."""
     out: list[Requirement] = []
+    ends: dict[tuple[int, int, int], int] = {}
     for r in refs:
         out.append(SameIncarnation(topic, r.topic_id or ""))
         out.append(SegmentInPlace(topic, r.partition, r.seq, tier(r.tier)))
+        key = (r.partition, r.seq, r.tier)
+        ends[key] = max(ends.get(key, 0), r.pos + r.length)
+    # After every chunk's segment is known in place: one header read per segment.
+    out.extend(ChunkWithinEnd(topic, p, seq, tier(t), end) for (p, seq, t), end in ends.items())
     return out
 
 
 __all__ = [
     "ChunkNotOverwritten",
+    "ChunkWithinEnd",
     "Planned",
     "Requirement",
     "SameIncarnation",

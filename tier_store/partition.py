@@ -18,10 +18,22 @@ Contract:
   writer to create the segment again, empty, under chunks a commit names.
 * **Segment numbers only grow**: a new segment follows the highest number the log has used
   (committed or tombstoned), so it never takes the name of one a commit names.
+* **Never below the committed end.** The header's ``end`` says where the next chunk goes,
+  but the commit log says what is acknowledged. Before every append the writer reads where
+  the segment's last committed chunk ends (:meth:`TopicLog.committed_extent`, a probe of the
+  next version) and the end it last wrote itself. A header ``end`` above both is legal
+  (chunks of other writers not committed yet, or a hole a crash left) and is appended after.
+  Below either, the header is damaged: nothing is written there; ``end`` is restored to the
+  committed end (readers, moves and checks see a truthful header), the segment is sealed,
+  the error logged naming the file, and the append goes to a new segment. A header that is
+  not a segment's (bad magic or version) is left untouched and rolled away from. Chunks
+  written but not committed are known only to the header: a commit refuses one whose place
+  the header no longer covers (:class:`~tier_store.conflicts.ChunkWithinEnd`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from .chunk import EncodedChunk
 from .crash import crash_point
-from .errors import StoreFull
+from .errors import CorruptSegment, StoreFull
 from .layout import (
     fsync_dir,
     fsync_file,
@@ -47,7 +59,7 @@ from .tiers import NO_SPACE, SegmentWriter, Tier
 
 if TYPE_CHECKING:
     from .host import TopicHost
-    from .state import TopicState
+    from .topic_log import TopicLog
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +99,12 @@ class PartitionLog:
     docstring for the contract)."""
 
     def __init__(self, topic: str, number: int, host: TopicHost,
-                 setting: Callable[[str], Any], state: Callable[[], TopicState],
-                 flusher: Flusher):
+                 setting: Callable[[str], Any], log: TopicLog, flusher: Flusher):
         self.topic = topic
         self.number = number
         self.host = host
         self._setting = setting
-        self._state = state
+        self._state = log.refresh
         self._flusher = flusher
         self.pointer_dir = partitions_dir(host.root, topic)
         self._pointer = os.path.join(self.pointer_dir, f"{number}.active")
@@ -103,6 +114,9 @@ class PartitionLog:
         # The pointer this handle relies on is not known durable: it rolled with
         # durable=False, or appends to a segment another handle rolled to.
         self._pointer_unsynced = False
+        # (partition, seq, tier) -> where its last committed chunk ends, read fresh.
+        self._extent = log.committed_extent
+        self._wrote: tuple[tuple[int, int], int] | None = None  # (segment, end) set last
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic!r}, {self.number})"
@@ -130,14 +144,23 @@ class PartitionLog:
             fd = os.open(self._pointer, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            # Never read through a link: the next roll replaces it (a rename, not a write
+            # through it) with a pointer of its own.
+            log.warning("topic %s partition %d: active pointer %s is a symbolic link, not "
+                        "followed; the next append starts a new segment", self.topic,
+                        self.number, self._pointer)
+            return None
         with os.fdopen(fd, "rb") as f:
             raw = f.read()
         try:
             ptr = json.loads(raw)
             seq, tier = ptr["seq"], ptr["tier"]
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
                        for v in (seq, tier)):
-                raise ValueError(f"seq and tier must be non-negative integers: {ptr!r}")
+                raise ValueError(f"seq and tier must be integers in [0, 2**62): {ptr!r}")
             return seq, tier
         except (ValueError, KeyError, TypeError):
             # A machine crash after a deferred roll can leave the renamed pointer empty. No
@@ -156,14 +179,18 @@ class PartitionLog:
         with self.locked():
             check()
             seq, tier, w = self._active_writer(chunk.size, durable)
-            if self.should_roll(w.header(), chunk.size, w.capacity(), now_ms):
-                seq, tier, w = self._roll(seq, w, chunk.size, durable)
-            pos = align(w.header().end)
+            hdr = self._checked_header(seq, tier, w)
+            if hdr is None or self.should_roll(hdr, chunk.size, w.capacity(), now_ms):
+                # A segment whose header must not be trusted is not sealed by the roll.
+                seq, tier, w = self._roll(seq, w if hdr else None, chunk.size, durable)
+                hdr = w.header()
+            pos = align(hdr.end)
             tiers = len(self.host.tiers)
             for attempt in range(tiers + 1):
                 try:
                     crc = w.write_chunk(pos, chunk)
                     w.set_end(pos + chunk.size, durable)
+                    self._wrote = ((seq, tier.number), pos + chunk.size)
                     break
                 except OSError as e:
                     if e.errno not in NO_SPACE:
@@ -185,6 +212,32 @@ class PartitionLog:
                 with self._flags:
                     self._deferred = True
         return seq, tier, pos, crc
+
+    def _checked_header(self, seq: int, tier: Tier, w: SegmentWriter) -> SegmentHeader | None:
+        """The active segment's header, checked against the commit log and this handle's
+        last write (see the module docstring); None when it must not be written to: not a
+        segment's header, or damaged (then restored from the log and sealed here)."""
+        try:
+            hdr = w.header()
+        except CorruptSegment as e:
+            log.error("topic %s partition %d: active segment %s: %s; nothing is written to it, "
+                      "appends go to a new segment", self.topic, self.number, w.path, e)
+            return None
+        committed = max(self._extent(self.number, seq, tier.number), HEADER_SIZE)
+        own = self._wrote[1] if self._wrote and self._wrote[0] == (seq, tier.number) else 0
+        if hdr.end >= max(committed, own):
+            return hdr
+        log.error("topic %s partition %d: the header of active segment %s says it ends at "
+                  "byte %d, below %s at byte %d: the header is damaged. Nothing is written to "
+                  "it; its end is restored to byte %d, it is sealed, and appends go to a new "
+                  "segment", self.topic, self.number, w.path, hdr.end,
+                  "the end of its last committed chunk" if committed >= own else
+                  "the end of a chunk this handle wrote", max(committed, own),
+                  max(hdr.end, committed))
+        if hdr.end < committed:
+            w.set_end(committed, durable=True)
+        w.seal(durable=True)
+        return None
 
     def sync(self) -> bool:
         """Make durable what deferred appends wrote here, and the pointer; True if the
@@ -308,8 +361,17 @@ class PartitionLog:
         crash_point("segment.roll.created")
         # Deferred: the new segment's file and the pointer are made durable by sync(), before
         # any chunk in the segment can be committed.
-        write_atomic(self._pointer,
-                     json.dumps({"seq": new_seq, "tier": tier.number}).encode(), durable)
+        try:
+            write_atomic(self._pointer,
+                         json.dumps({"seq": new_seq, "tier": tier.number}).encode(), durable)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            # The root's filesystem is full: the new segment is never named, so it goes.
+            w.close()
+            tier.release_segment(w.path)
+            raise StoreFull(f"topic {self.topic!r} partition {self.number}: no space in "
+                            f"{self.pointer_dir} for the active pointer: free some") from e
         with self._flags:
             self._pointer_unsynced = not durable
         if self._writer is not None:
@@ -323,7 +385,9 @@ class PartitionLog:
 def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_s: float,
                now: float) -> bool:
     """Whether every chunk of a segment file is committed, or the rest is older than the grace
-    period (abandoned). ``committed_span`` is the aligned length of its committed chunks."""
+    period (abandoned). ``committed_span`` is the aligned length of its committed chunks.
+    A damaged ``end`` misleads it safely: too low, a move copies the committed chunks and
+    commits of the others are refused (the segment moved); too high, it waits the grace."""
     if hdr is None or align(hdr.end) - HEADER_SIZE <= committed_span:
         return True
     try:

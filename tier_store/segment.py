@@ -12,8 +12,16 @@ A segment is one partition's file of chunks. It starts with a fixed header page:
     40      8     created, milliseconds since the epoch
 
 Each field is one aligned 8-byte word (4 for the small ones), so an update of ``end`` or
-``sealed`` is a single aligned store: never torn. Chunks start at ``HEADER_SIZE`` and are
-aligned to ``CHUNK_ALIGN`` bytes so that Arrow buffers inside them are aligned too.
+``sealed`` is a single aligned store: never torn.
+
+``end`` is a hint for the next writer, not the truth about what is committed: the commit log
+is. A header ``end`` above the end of the segment's last committed chunk is legal (chunks
+written but not committed yet, or a hole a crash or a full disk left); below it, the header is
+damaged, and a writer that trusted it would overwrite acknowledged chunks. The writer checks
+it against the log before every append (:mod:`tier_store.partition`).
+
+Chunks start at ``HEADER_SIZE`` and are aligned to ``CHUNK_ALIGN`` bytes so that Arrow
+buffers inside them are aligned too.
 """
 
 from __future__ import annotations
@@ -63,7 +71,10 @@ class SegmentHeader:
             return None
 
     @classmethod
-    def unpack(cls, data: bytes | memoryview, path: str) -> SegmentHeader:
+    def unpack(cls, data: bytes | memoryview, path: str, strict: bool = True) -> SegmentHeader:
+        """Decode a header; :class:`CorruptSegment` naming ``path`` for a bad magic or
+        version, and (``strict``) for an ``end`` inside the header. A writer reads it with
+        ``strict=False`` and checks ``end`` against the commit log itself."""
         if len(data) < _FMT.size:
             raise CorruptSegment(f"segment {path}: header is truncated ({len(data)} bytes)")
         magic, version, partition, seq, end, sealed, created = _FMT.unpack_from(data, 0)
@@ -71,6 +82,6 @@ class SegmentHeader:
             raise CorruptSegment(f"segment {path}: bad magic {magic!r}, not a pafka segment")
         if version != VERSION:
             raise CorruptSegment(f"segment {path}: unsupported format version {version}")
-        if end < HEADER_SIZE:
+        if strict and end < HEADER_SIZE:
             raise CorruptSegment(f"segment {path}: end {end} lies inside the header")
         return cls(partition, seq, end, bool(sealed), created)

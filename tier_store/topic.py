@@ -144,7 +144,7 @@ class Topic:
             part = self._parts.get(p)
             if part is None:
                 part = self._parts[p] = PartitionLog(self.name, p, self.store, self.setting,
-                                                     self.log.refresh, self._flusher)
+                                                     self.log, self._flusher)
             return part
 
     # -- writing: step 1 ------------------------------------------------------------------

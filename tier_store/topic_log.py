@@ -88,6 +88,30 @@ class TopicLog:
             self._known_checkpoint = st.version
             return st.version
 
+    def committed_extent(self, partition: int, seq: int, tier: int) -> int:
+        """Where the last chunk the log has committed to segment ``seq`` of ``partition`` on
+        ``tier`` ends (0: none), as the log is now: an append never writes below it.
+
+        The state is refreshed (a probe of the next version) unless another thread of this
+        handle holds the lock (a commit, through its housekeeping): appends never wait on
+        commits. Its state is then at most that commit old, and the entries published since
+        are read here without being applied."""
+        if self.lock.acquire(blocking=False):
+            try:
+                return _extent(self.refresh(), partition, seq, tier)
+            finally:
+                self.lock.release()
+        st = self._state
+        v = st.version + 1  # read before the segments: apply() sets the version last
+        extent = _extent(st, partition, seq, tier)
+        while (entry := self.commit_log.read_entry(v)) is not None:
+            if isinstance(entry, AppendEntry):
+                extent = max([extent, *(c.pos + c.length for c in entry.chunks
+                                        if (c.partition, c.seq, c.tier) == (partition, seq,
+                                                                            tier))])
+            v += 1
+        return extent
+
     def check_incarnation(self) -> None:
         """:class:`TopicDeleted` if the topic's name now leads to another log."""
         self.commit_log.check_incarnation()
@@ -220,6 +244,12 @@ class TopicLog:
 
     def close(self) -> None:
         self.commit_log.close()
+
+
+def _extent(st: TopicState, partition: int, seq: int, tier: int) -> int:
+    part = st.parts[partition] if partition < len(st.parts) else None
+    seg = None if part is None else part.segments.get(seq)
+    return seg.extent if seg is not None and seg.tier == tier else 0
 
 
 __all__ = ["MAX_ATTEMPTS", "TopicLog", "now_ms"]

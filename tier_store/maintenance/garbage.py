@@ -52,8 +52,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..crash import crash_point
-from ..errors import ConfigError
-from ..layout import REMOTE_LOCK, SEGMENT_SUFFIX, TMP_PREFIX, fsync_dir, segment_id
+from ..errors import ConfigError, CorruptSegment
+from ..layout import REMOTE_LOCK, SEGMENT_SUFFIX, TMP_PREFIX, segment_id
 
 if TYPE_CHECKING:
     from ..host import TopicHost
@@ -75,8 +75,13 @@ def release_file(tier: Tier, path: str, may_release: Callable[[os.stat_result], 
     file released is the one checked (the name still leads to the locked file): a move
     cannot claim, link or publish it meanwhile."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # Never through a link (at the name, or for a directory on the way): a link is not
+        # the segment, and what it leads to is not the store's to release.
+        fd = tier.open_inside(path, os.O_RDONLY)
     except FileNotFoundError:
+        return False
+    except CorruptSegment as e:
+        log.warning("not releasing %s, left alone: %s", path, e)
         return False
     try:
         try:
@@ -87,19 +92,23 @@ def release_file(tier: Tier, path: str, may_release: Callable[[os.stat_result], 
         if not may_release(held):
             return False
         try:
-            named = os.stat(path)
+            named = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
             return False
         if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             return False  # released and replaced by another process since we opened it
-        if held.st_nlink > 1:
-            # Another name still holds the file (a move that died between linking its copy
-            # to the segment's name and unlinking its temporary name): drop only this name,
-            # so that a pool file never goes back to the pool while a name still maps it.
-            os.unlink(path)
-            fsync_dir(os.path.dirname(path))
-        else:
-            tier.release_segment(path)
+        try:
+            if held.st_nlink > 1:
+                # Another name still holds the file (a move that died between linking its
+                # copy to the segment's name and unlinking its temporary name): drop only
+                # this name, so that a pool file never goes back to the pool while a name
+                # still maps it.
+                tier.unlink_inside(path)
+            else:
+                tier.release_segment(path)
+        except CorruptSegment as e:  # a link put there since we opened the file
+            log.warning("not releasing %s, left alone: %s", path, e)
+            return False
         return True
     finally:
         os.close(fd)

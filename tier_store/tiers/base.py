@@ -8,15 +8,20 @@ chunks out of the mapping, so reading is the same for every local tier.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from ..chunk import EncodedChunk
 from ..config import TierSpec
-from ..layout import fsync_dir, segment_relpath
+from ..errors import CorruptSegment
+from ..layout import fsync_dir, makedirs_durable, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
+
+log = logging.getLogger(__name__)
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 """errno values that mean a tier's filesystem is full."""
@@ -89,7 +94,143 @@ class SegmentWriter(ABC):
         mapping)."""
 
 
-class Tier(ABC):
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def unsafe_path_error(tier: InsideTier, path: str, what: str) -> CorruptSegment:
+    """The error for a path on ``tier`` the store will not write, rename or delete through."""
+    return CorruptSegment(f"tier {tier.number} ({tier.path}): {path} is {what}: the store "
+                          "never writes, renames or deletes through one; replace it with "
+                          "the directory or file it stands for")
+
+
+class InsideTier:
+    """Files of a local tier reached without following a symbolic link below the tier's
+    directory: ``O_NOFOLLOW`` guards only a path's last component, so each directory on the
+    way (``<topic>/``, ``<partition>/``, ``_pool/``) is opened on its own. A link, or a file
+    that is not a regular file on the tier's device, is :class:`CorruptSegment` naming it.
+    The tier's own directory may be a link (an operator's choice of where the tier lives)."""
+
+    path: str
+    number: int
+
+    def open_parent(self, path: str) -> tuple[int, str]:
+        """(descriptor of ``path``'s directory, ``path``'s last component); the caller closes
+        the descriptor. FileNotFoundError when a directory on the way is missing."""
+        rel = os.path.relpath(path, self.path)
+        parts = rel.split(os.sep)
+        if rel.startswith(os.pardir) or os.path.isabs(rel) or "" in parts or \
+                os.pardir in parts:
+            raise unsafe_path_error(self, path, "outside the tier's directory")
+        fd = os.open(self.path, _DIR_FLAGS)
+        try:
+            for i, name in enumerate(parts[:-1]):
+                try:
+                    nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise unsafe_path_error(self, os.path.join(self.path, *parts[:i + 1]),
+                                          "a symbolic link or not a directory") from None
+                    raise
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def make_dirs(self, d: str, durable: bool = True) -> list[str]:
+        """:func:`~tier_store.layout.makedirs_durable` of ``d``, where a dangling link on
+        the way is CorruptSegment naming ``d`` rather than FileExistsError."""
+        try:
+            return makedirs_durable(d, durable)
+        except FileExistsError:
+            raise unsafe_path_error(self, d, "reached through a link or a file where a "
+                                    "directory should be") from None
+
+    def open_inside(self, path: str, flags: int, mode: int = 0o644) -> int:
+        """Open ``path`` (a file under the tier's directory) with ``flags``, never through a
+        link; check it is a regular file on the tier's device. Returns the descriptor."""
+        dfd, name = self.open_parent(path)
+        try:
+            try:
+                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise unsafe_path_error(self, path, "a symbolic link") from None
+                raise
+            try:
+                st, dev = os.fstat(fd), os.fstat(dfd).st_dev
+                if not stat.S_ISREG(st.st_mode) or st.st_dev != dev:
+                    raise unsafe_path_error(self, path, "not a regular file on the tier's device")
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        finally:
+            os.close(dfd)
+
+    def is_regular_inside(self, path: str) -> bool:
+        """Whether ``path`` names a regular file reached through no link below the tier's
+        directory (False when missing); CorruptSegment for a link on the way or at it."""
+        return self._lstat_inside(path, lambda dfd, name: True) is not None
+
+    def _lstat_inside(self, path: str, then: Callable[[int, str], bool],
+                      skip_link: bool = False) -> bool | None:
+        """``then(directory fd, name)`` once ``path`` is checked to be a regular file
+        reached through no link (CorruptSegment otherwise; with ``skip_link`` a link at
+        ``path`` itself is left alone with a warning); None when it is missing."""
+        try:
+            dfd, name = self.open_parent(path)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                if not skip_link:
+                    raise unsafe_path_error(self, path, "a symbolic link")
+                log.warning("%s is a symbolic link: left alone, never used", path)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            try:
+                return then(dfd, name)
+            except FileNotFoundError:
+                return None
+        finally:
+            os.close(dfd)
+
+    def unlink_inside(self, path: str) -> None:
+        """Delete the regular file ``path`` (durably); never a link (CorruptSegment), nor
+        anything through one. Nothing to do when it is gone."""
+        def unlink(dfd: int, name: str) -> bool:
+            os.unlink(name, dir_fd=dfd)
+            os.fsync(dfd)
+            return True
+        self._lstat_inside(path, unlink)
+
+    def rename_inside(self, src: str, dst: str, durable: bool = True,
+                      skip_link: bool = False) -> bool:
+        """Rename the regular file ``src`` to ``dst``, both under the tier's directory,
+        between directories opened without following links; False when ``src`` is gone
+        (another process took it). A link is CorruptSegment (with ``skip_link``, a link at
+        ``src`` is False and a warning), never renamed."""
+        def rename(sfd: int, sname: str) -> bool:
+            dfd, dname = self.open_parent(dst)
+            try:
+                os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+                if durable:
+                    os.fsync(sfd)
+                    os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            return True
+        return bool(self._lstat_inside(src, rename, skip_link))
+
+
+class Tier(InsideTier, ABC):
     """One storage tier: a directory of segment files with a capacity."""
 
     def __init__(self, spec: TierSpec, segment_bytes: int):
@@ -211,18 +352,30 @@ class Tier(ABC):
     def partition_files(self, topic: str) -> Iterator[tuple[int, str, str, float]]:
         """(partition, name, path, mtime) of every file under the topic's directory."""
         tdir = os.path.join(self.path, topic)
-        if not os.path.isdir(tdir):
+        if _linked(tdir) or not os.path.isdir(tdir):
             return
         for pname in os.listdir(tdir):
             if not pname.isdigit():
                 continue
             pdir = os.path.join(tdir, pname)
+            if _linked(pdir):
+                continue
             for name in os.listdir(pdir):
                 path = os.path.join(pdir, name)
                 try:
                     yield int(pname), name, path, os.stat(path).st_mtime
                 except FileNotFoundError:
                     continue
+
+
+def _linked(d: str) -> bool:
+    """Whether directory ``d`` of a tier is a symbolic link: what it leads to is not the
+    tier's, so garbage collection and checks leave it alone (with a warning)."""
+    if not os.path.islink(d):
+        return False
+    log.warning("%s is a symbolic link: its files are not the tier's and are left alone; "
+                "replace it with the directory it stands for", d)
+    return True
 
 
 def new_header(partition: int, seq: int) -> SegmentHeader:

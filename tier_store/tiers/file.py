@@ -34,7 +34,7 @@ from ..chunk import EncodedChunk, checksum, checksum_while
 from ..config import TierSpec
 from ..crash import crash_point
 from ..layout import fsync_dir, makedirs_durable
-from ..segment import END_OFFSET, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
+from ..segment import END_OFFSET, HEADER_FIELDS, HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader
 from .base import SegmentWriter, Tier, new_header
 
 
@@ -154,18 +154,21 @@ class FileSegmentWriter(SegmentWriter):
     :meth:`~tier_store.tiers.base.Tier.charge_write`, which may sleep (a throttled tier)."""
 
     def __init__(self, path: str, capacity: int, direct_bytes: int = 0,
-                 charge: Callable[[int], None] = no_charge):
+                 charge: Callable[[int], None] = no_charge, fd: int | None = None):
         self.path = path
         self._capacity = capacity
         self._charge = charge
-        self._fd = os.open(path, os.O_RDWR)
+        # A tier opens the file itself, checked (Tier.open_inside); the writer owns ``fd``.
+        self._fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC) if fd is None \
+            else fd
         self._direct_bytes = direct_bytes if hasattr(os, "O_DIRECT") else 0
         self._dfd = -1
         self._unsynced = False
         self._written_back = 0  # where the writeback started by deferred appends has reached
 
     def header(self) -> SegmentHeader:
-        return SegmentHeader.unpack(os.pread(self._fd, HEADER_SIZE, 0), self.path)
+        return SegmentHeader.unpack(os.pread(self._fd, HEADER_FIELDS, 0), self.path,
+                                    strict=False)
 
     def capacity(self) -> int:
         return self._capacity
@@ -173,11 +176,19 @@ class FileSegmentWriter(SegmentWriter):
     def _direct_fd(self) -> int:
         if self._dfd < 0 and self._direct_bytes:
             try:
-                self._dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT)
+                dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError as e:
-                if e.errno != errno.EINVAL:
+                if e.errno not in (errno.EINVAL, errno.ELOOP, errno.ENOENT):
                     raise
-                self._direct_bytes = 0  # the file system has no direct I/O
+                self._direct_bytes = 0  # the file system has no direct I/O, or the name moved
+                return -1
+            a, b = os.fstat(dfd), os.fstat(self._fd)
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                # The name leads elsewhere now: write only through the file opened, checked.
+                os.close(dfd)
+                self._direct_bytes = 0
+                return -1
+            self._dfd = dfd
         return self._dfd
 
     def write_chunk(self, pos: int, chunk: EncodedChunk) -> int:
@@ -275,20 +286,23 @@ class FileTier(Tier):
         d = os.path.dirname(path)
         # <tier>/<topic>/<p>: each new directory's entry in its parent must be durable too,
         # inline or (deferred) with the segment's own entry at the writer's first sync.
-        new_dirs = makedirs_durable(d, durable)
+        new_dirs = self.make_dirs(d, durable)
         w = None
         try:
             # A file already there is the leftover of a roll that crashed before switching
             # the active pointer: nothing references it, so it is safe to reuse.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            # Never through a link on the way (a linked <topic>/ or <partition>/ directory,
+            # or a link at the name): CorruptSegment naming it.
+            fd = self.open_inside(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
             try:
                 os.pwrite(fd, new_header(partition, seq).pack(), 0)
                 if durable:
                     os.fsync(fd)
+                w = FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
+                                      self.direct_bytes, self.charge_write, fd)
             finally:
-                os.close(fd)
-            w = FileSegmentWriter(path, max(self.segment_bytes, HEADER_SIZE + min_bytes),
-                                  self.direct_bytes, self.charge_write)
+                if w is None:
+                    os.close(fd)
         finally:
             if w is None and not durable:
                 # No writer will sync the new directories' entries, and a later segment in
@@ -306,15 +320,12 @@ class FileTier(Tier):
         return w
 
     def open_segment(self, path: str) -> SegmentWriter:
-        w = FileSegmentWriter(path, self.segment_bytes, self.direct_bytes, self.charge_write)
-        end = w.header().end
-        if end > self.segment_bytes:  # a segment made for one oversized chunk
-            w._capacity = end
-        return w
+        # Capacity is the segment size, not the header's `end`, which may be damaged: a
+        # segment made for one oversized chunk ends past it, so the next append rolls.
+        fd = self.open_inside(path, os.O_RDWR)
+        return FileSegmentWriter(path, self.segment_bytes, self.direct_bytes, self.charge_write,
+                                 fd)
 
     def release_segment(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return
-        fsync_dir(os.path.dirname(path))
+        # Never a link, nor through one (CorruptSegment): see Tier.unlink_inside.
+        self.unlink_inside(path)

@@ -39,7 +39,7 @@ from ..layout import (
 )
 from ..segment import HEADER_SIZE
 from . import libpmem
-from .base import SegmentWriter, Tier, new_header
+from .base import NO_SPACE, SegmentWriter, Tier, new_header, unsafe_path_error
 from .pmem_writer import PmemSegmentWriter
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class PmemTier(Tier):
 
     def prepare(self) -> None:
         libpmem.load()  # fail early, naming the package, when libpmem is missing
+        if os.path.islink(self.pool_dir):  # pool files would be made outside the tier
+            raise unsafe_path_error(self, self.pool_dir, "a symbolic link")
         makedirs_durable(self.pool_dir)
 
     def _marker(self) -> bytes:
@@ -83,7 +85,9 @@ class PmemTier(Tier):
         """Complete the pool: remove temp files of processes that died creating a pool file,
         then create pool files until free + in-use ones reach :attr:`pool_size`; return how
         many were created. Idempotent; when ``_pool/_complete`` says the pool of this size is
-        complete, it only reads that marker.
+        complete, it only reads that marker. A filesystem too full for the whole pool leaves
+        it short, with a warning: the tier works with the files it has, and the next call
+        tries again.
 
         Thread-safe and safe across processes (an flock), but a recount that runs while
         other processes take or release pool files may be off by the files they move."""
@@ -111,18 +115,50 @@ class PmemTier(Tier):
             # the new size): give the surplus free ones back to the filesystem.
             self._delete_free(free, -missing)
         next_slot = _next_slot(free)
+        made = 0
         for i in range(max(0, missing)):
-            self._create_pool_file(next_slot + i)
+            try:
+                self._create_pool_file(next_slot + i)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                # The tier works with the pool files it has (placement skips it once they
+                # are taken); no marker, so the next open tries again.
+                self._warn_short(missing - made, e)
+                break
+            made += 1
             if progress is not None:
                 progress(1)
-        if missing > 0:
+        if made > 0:
             fsync_dir(self.pool_dir)
             log.info("pmem tier %s: pre-allocated %d pool files of %d bytes", self.path,
-                     missing, self.segment_bytes)
+                     made, self.segment_bytes)
+        if made < missing:
+            return made
         # Only after every pool file is durable: a crash before this leaves no marker,
         # and the next open completes the pool.
-        write_atomic(os.path.join(self.pool_dir, POOL_COMPLETE), self._marker())
-        return max(0, missing)
+        try:
+            write_atomic(os.path.join(self.pool_dir, POOL_COMPLETE), self._marker())
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            log.warning("pmem tier %d (%s): the pool is complete but its marker %s cannot be "
+                        "written (%s); the next open counts the pool again", self.number,
+                        self.path, POOL_COMPLETE, e)
+        return made
+
+    def _warn_short(self, short: int, error: OSError) -> None:
+        """Say that ``short`` pool files could not be pre-allocated, and what it means."""
+        fs = os.statvfs(self.pool_dir)
+        have = self.free_pool_files() + self._in_use()
+        log.warning(
+            "pmem tier %d (%s): its filesystem is full (%s; %d bytes free): %d of its %d pool "
+            "files of %d bytes could not be pre-allocated. It opens with the %d it has (%d "
+            "bytes of its capacity of %d); new segments go to the next tier with room once "
+            "they are taken. Free space on that filesystem or shrink the tier (pafka resize); "
+            "the next open completes the pool", self.number, self.path, os.strerror(
+                error.errno or 0), fs.f_bavail * fs.f_frsize, short, self.pool_size,
+            self.segment_bytes, have, have * self.segment_bytes, self.capacity)
 
     def _delete_free(self, free: list[str], count: int) -> int:
         """Delete up to ``count`` of the free pool files ``free`` (the newest first); return
@@ -211,6 +247,8 @@ class PmemTier(Tier):
                      "file", self.path, name, pid)
 
     def _create_pool_file(self, slot: int) -> str:
+        """Create pool file ``slot``, allocated and touched; a failure (a full filesystem)
+        leaves no temporary file behind."""
         tmp = os.path.join(self.pool_dir, f"{TMP_PREFIX}{os.getpid()}-{slot}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -222,8 +260,12 @@ class PmemTier(Tier):
                 os.pwrite(fd, _ZEROS[:n], pos)
                 pos += n
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
         crash_point("pool.create")
         name = f"{slot:06d}{POOL_SUFFIX}"
         os.replace(tmp, os.path.join(self.pool_dir, name))
@@ -246,10 +288,10 @@ class PmemTier(Tier):
         if min_bytes > self.segment_bytes - HEADER_SIZE:
             return None  # an oversized chunk cannot use a pool file
         path = self.segment_path(topic, partition, seq)
-        new_dirs = makedirs_durable(os.path.dirname(path), durable)
+        new_dirs = self.make_dirs(os.path.dirname(path), durable)
         w = None
         try:
-            if os.path.exists(path):
+            if self.is_regular_inside(path):  # CorruptSegment for a link on the way
                 # Leftover of a roll that crashed before switching the active pointer.
                 self.release_segment(path)
             w = self.take_pool_file(path, durable)
@@ -274,35 +316,34 @@ class PmemTier(Tier):
         return w
 
     def open_segment(self, path: str) -> SegmentWriter:
-        return PmemSegmentWriter(path, self.charge_write)
+        return PmemSegmentWriter(path, self.charge_write, self.open_inside(path, os.O_RDWR))
 
     def take_pool_file(self, path: str, durable: bool = True) -> PmemSegmentWriter | None:
         """Rename a free pool file to ``path`` and map it; None when the pool is empty.
-        With ``durable=False`` the renames are made durable by the writer's first sync."""
+        With ``durable=False`` the renames are made durable by the writer's first sync.
+        Renamed between directories opened without following links: a link in the pool is
+        never taken (a warning), one for a directory on the way is CorruptSegment."""
         for name in self._free_names():
-            try:
-                os.rename(os.path.join(self.pool_dir, name), path)
-            except FileNotFoundError:
-                continue  # another process took it first
-            w = PmemSegmentWriter(path, self.charge_write)
-            if durable:
-                fsync_dir(self.pool_dir)
-                fsync_dir(os.path.dirname(path))
-            else:
+            if not self.rename_inside(os.path.join(self.pool_dir, name), path, durable,
+                                      skip_link=True):
+                continue  # another process took it first, or a link (never taken)
+            w = PmemSegmentWriter(path, self.charge_write, self.open_inside(path, os.O_RDWR))
+            if not durable:
                 w.defer_entry(self.pool_dir, os.path.dirname(path))
             return w
         return None
 
     def release_segment(self, path: str) -> None:
-        if not os.path.exists(path):
+        """Give a segment file back to the pool (delete it if it is not pool-sized). A link
+        at ``path`` or on the way is CorruptSegment: never renamed into the pool, where a
+        later segment would write through it."""
+        if not self.is_regular_inside(path):
             return
-        if os.path.getsize(path) != self.segment_bytes:
-            os.unlink(path)
+        if os.stat(path, follow_symlinks=False).st_size != self.segment_bytes:
+            self.unlink_inside(path)
         else:
-            name = f"r{os.urandom(6).hex()}{POOL_SUFFIX}"
-            os.rename(path, os.path.join(self.pool_dir, name))
-            fsync_dir(self.pool_dir)
-        fsync_dir(os.path.dirname(path))
+            self.rename_inside(path, os.path.join(self.pool_dir,
+                                                  f"r{os.urandom(6).hex()}{POOL_SUFFIX}"))
 
 
 def _next_slot(free: list[str]) -> int:

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ..chunk import EncodedChunk, checksum, checksum_while
 from ..crash import crash_point
-from ..segment import END_OFFSET, SEALED_OFFSET, WORD, SegmentHeader
+from ..segment import END_OFFSET, HEADER_FIELDS, SEALED_OFFSET, WORD, SegmentHeader
 from . import libpmem
 from .base import SegmentWriter
 from .file import no_charge, write_halves
@@ -23,15 +23,29 @@ class PmemSegmentWriter(SegmentWriter):
     ``charge(nbytes)`` is called before each chunk is written: its tier's
     :meth:`~tier_store.tiers.base.Tier.charge_write`, which may sleep (a throttled tier)."""
 
-    def __init__(self, path: str, charge: Callable[[int], None] = no_charge):
+    def __init__(self, path: str, charge: Callable[[int], None] = no_charge,
+                 fd: int | None = None):
         self.path = path
         self._charge = charge
-        self._map = libpmem.PmemMapping.open(path)
+        # A tier opens the file itself, checked (Tier.open_inside); the writer owns ``fd``.
+        # libpmem maps by name: the name of the descriptor opened, never the path again,
+        # which a link put there since could lead outside the tier.
+        if fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self._map = libpmem.PmemMapping.open(_fd_path(fd, path))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._map.path = path  # for messages: the descriptor's name dies with it
         self._dirty: tuple[int, int] | None = None  # chunk bytes written, not yet flushed
         self._end_dirty = False
         self._seal_dirty = False
         # Gathering writes where the mapping is not PMem go through an fd of the same file.
-        self._fd = -1 if self._map.is_pmem else os.open(path, os.O_RDWR)
+        if self._map.is_pmem:
+            os.close(fd)
+            fd = -1
+        self._fd = fd
 
     @property
     def mapping(self) -> libpmem.PmemMapping:
@@ -41,7 +55,8 @@ class PmemSegmentWriter(SegmentWriter):
         return self._map
 
     def header(self) -> SegmentHeader:
-        return SegmentHeader.unpack(bytes(self._map.buffer(0, 48)), self.path)
+        return SegmentHeader.unpack(bytes(self._map.buffer(0, HEADER_FIELDS)), self.path,
+                                    strict=False)
 
     def capacity(self) -> int:
         return self._map.length
@@ -116,6 +131,12 @@ class PmemSegmentWriter(SegmentWriter):
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _fd_path(fd: int, path: str) -> str:
+    """A name that opens the file ``fd`` has open (Linux's /proc), else ``path``."""
+    proc = f"/proc/self/fd/{fd}"
+    return proc if os.path.exists(proc) else path
 
 
 __all__ = ["PmemSegmentWriter"]
