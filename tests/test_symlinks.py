@@ -187,3 +187,24 @@ def test_an_active_pointer_that_is_a_link_is_replaced_not_followed(tmp_path, cap
     assert not os.path.islink(ptr) and _digest(target) == before
     assert read_all(t, 0) == list(range(20))
 
+
+def test_a_move_never_writes_through_a_linked_partition_directory_on_its_target(
+        tmp_path, shm_dir):
+    """A move's copy is created inside the target tier, never through a link leading out."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = Store.open(tmp_path / "store", pmem_hdd_config(shm_dir))
+    t = store.create_topic("t", SCHEMA, partitions=1)
+    n = 0
+    while len(t.segments()) < 2:
+        t.append(make_batch(n * 100, 100), partition=0)
+        n += 1
+    sealed = [s for s in t.segments() if s.sealed]
+    tdir = os.path.join(store.tier(2).path, "t")
+    os.makedirs(tdir, exist_ok=True)
+    os.symlink(str(outside), os.path.join(tdir, "0"))
+    with pytest.raises(CorruptSegment, match="link"):
+        store.move_segment(sealed[0].id, 2, topic="t")
+    assert os.listdir(outside) == []
+    assert read_all(t, 0) == list(range(n * 100))
+    store.close()

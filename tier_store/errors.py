@@ -53,7 +53,8 @@ class TierRelocated(PafkaError):
 
 
 class StoreFull(PafkaError):
-    """No tier has room for a new segment."""
+    """No tier has room for a new segment, or a filesystem the store writes (a tier's, the
+    commit log's) is full: the write did not happen and left nothing behind."""
 
 
 class DataLoss(PafkaError):

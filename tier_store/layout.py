@@ -201,7 +201,7 @@ def makedirs_durable(path: str, durable: bool = True) -> list[str]:
 
 def write_temp(directory: str, data: bytes | memoryview, durable: bool = True) -> str:
     """Write ``data`` to a new temporary file in ``directory`` (fsynced if ``durable``);
-    return its path."""
+    return its path. A failed write (a full filesystem) leaves no temporary file behind."""
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -210,8 +210,12 @@ def write_temp(directory: str, data: bytes | memoryview, durable: bool = True) -
             view = view[os.write(fd, view):]
         if durable:
             os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
     return tmp
 
 

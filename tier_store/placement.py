@@ -8,6 +8,7 @@ not one per append.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 
 from .errors import StoreFull
@@ -40,6 +41,7 @@ class Placement:
                 if e.errno not in NO_SPACE:
                     raise
                 self.mark_out_of_space(t, e)
+                self._release_partial(t, topic, partition, seq)
                 continue
             if w is not None:
                 return t, w
@@ -50,6 +52,17 @@ class Placement:
             f"{self.root} --follow, or pafka_source.start_migration) or speed it up "
             "(storage.migrate.threads, storage.migrate.bytes.per.second), lower "
             "log.retention.bytes/ms, or resize a tier (pafka resize)")
+
+    @staticmethod
+    def _release_partial(t: Tier, topic: str, partition: int, seq: int) -> None:
+        """Remove what a segment creation that hit a full filesystem left on ``t`` (an
+        empty file, a pool file taken): nothing references segment ``seq`` there yet (new
+        numbers only grow, under the partition's lock), and the segment is made elsewhere."""
+        try:
+            t.release_segment(t.segment_path(topic, partition, seq))
+        except OSError as e:
+            log.warning("tier %d (%s): could not remove the unfinished segment %d of topic "
+                        "%r partition %d: %s", t.number, t.path, seq, topic, partition, e)
 
     def _tier_line(self, t: Tier, used: int) -> str:
         line = (f"tier {t.number} ({t.type}, {t.path}): {used} of "
@@ -69,7 +82,7 @@ class Placement:
         if tier.number not in self._no_space:
             log.warning("tier %d (%s) is out of space (%s): new segments go to the next "
                         "local tier with room until space returns", tier.number, tier.path,
-                        error)
+                        os.strerror(error.errno or 0))
         self._no_space.add(tier.number)
 
     def _out_of_space(self, tier: Tier, need: int) -> bool:

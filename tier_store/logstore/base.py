@@ -14,7 +14,12 @@ Errors, for every method:
 * :class:`~tier_store.errors.TopicDeleted`: the log this store first looked at was deleted
   (and perhaps created again under its name); raised by :meth:`LogStore.check_incarnation`
   and :meth:`LogStore.put_if_absent`. Reads do not check: call ``check_incarnation`` first.
-* :class:`OSError`: the storage failed (I/O error, permission, no space). After a failed
+* :class:`~tier_store.errors.StoreFull`: the storage holding the log is full (ENOSPC,
+  EDQUOT, a quota), raised by :meth:`LogStore.put_if_absent`, :meth:`LogStore.write_checkpoint`
+  and :meth:`LogStore.advance_checkpoint_hint`, naming the log and its filesystem. The write
+  did not happen (the entry is not published, the checkpoint or hint not written) and
+  nothing it staged is left behind; it may succeed once space returns.
+* :class:`OSError`: the storage failed otherwise (I/O error, permission). After a failed
   write the outcome is unknown unless the method says otherwise: read to find out.
 * Bytes are returned as stored; deciding that they are malformed
   (:class:`~tier_store.errors.CorruptLog`) is the caller's job.

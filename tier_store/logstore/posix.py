@@ -11,6 +11,10 @@ Layout (names from :mod:`tier_store.layout`)::
 Put-if-absent is ``link(2)`` of a complete, fsynced temporary file to the entry's name:
 ``link`` fails when the name exists, and the name appears with the whole file or not at
 all. The directory is fsynced after the link, so a published entry survives a crash.
+
+A full filesystem (ENOSPC, EDQUOT) while staging or linking is :class:`StoreFull` naming
+the log and the filesystem: the temporary file is removed, nothing is published, and the
+same write succeeds once space returns.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from ..crash import crash_point
-from ..errors import TopicDeleted
+from ..errors import StoreFull, TopicDeleted
 from ..layout import (
     CHECKPOINT_LOCK,
     CHECKPOINT_SUFFIX,
@@ -37,6 +41,7 @@ from ..layout import (
     write_atomic,
     write_temp,
 )
+from ..tiers import NO_SPACE
 from .base import Blob, LogFile, LogStore
 
 
@@ -104,10 +109,14 @@ class PosixLogStore(LogStore):
     def put_if_absent(self, version: int, data: bytes) -> bool:
         self.check_incarnation()
         try:
-            tmp = write_temp(self.path, data)
+            tmp = write_temp(self.path, data)  # removed again if the write fails
         except FileNotFoundError:
             self.check_incarnation()  # deleted meanwhile: TopicDeleted
             raise
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise self._full(f"entry {version} was not published", e) from None
         crash_point("log.publish.tmp")
         try:
             # Linked into the directory this store pinned (held open), never into a topic
@@ -118,6 +127,10 @@ class PosixLogStore(LogStore):
                 os.link(tmp, self.entry_location(version))
         except FileExistsError:
             return False
+        except OSError as e:  # a directory that cannot grow: the name was not made
+            if e.errno not in NO_SPACE:
+                raise
+            raise self._full(f"entry {version} was not published", e) from None
         finally:
             os.unlink(tmp)
         crash_point("log.publish.linked")
@@ -154,6 +167,14 @@ class PosixLogStore(LogStore):
 
     # -- checkpoints ----------------------------------------------------------------------
     def write_checkpoint(self, version: int, data: Blob) -> bool:
+        try:
+            return self._write_checkpoint(version, data)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise self._full(f"checkpoint {version} was not written", e) from None
+
+    def _write_checkpoint(self, version: int, data: Blob) -> bool:
         view = memoryview(data)
         tmp = os.path.join(self.path, f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -198,11 +219,26 @@ class PosixLogStore(LogStore):
         # Re-read under the lock: a writer that stalled while others wrote newer
         # checkpoints (and cleaned up behind them) must not move the hint back. The flock
         # is released by the kernel when its process dies: a crash leaves no lock behind.
-        with file_lock(os.path.join(self.path, CHECKPOINT_LOCK)):
-            previous = self.last_checkpoint_hint()
-            if previous is None or previous < version:
-                write_atomic(os.path.join(self.path, LAST_CHECKPOINT), str(version).encode())
-            return previous
+        try:
+            with file_lock(os.path.join(self.path, CHECKPOINT_LOCK)):
+                previous = self.last_checkpoint_hint()
+                if previous is None or previous < version:
+                    write_atomic(os.path.join(self.path, LAST_CHECKPOINT),
+                                 str(version).encode())
+                return previous
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise self._full(f"the checkpoint hint was not moved to {version}", e) from None
+
+    def _full(self, what: str, e: OSError) -> StoreFull:
+        """The :class:`StoreFull` for ``e`` (ENOSPC or EDQUOT), naming the log and its
+        filesystem."""
+        mount, free = filesystem_of(self.path)
+        return StoreFull(
+            f"topic {self.topic!r}: {what}: the filesystem of its commit log {self.path} "
+            f"(mounted at {mount}, {free} bytes free) is full ({os.strerror(e.errno)}). Free "
+            "space there (the store's root) and try again; nothing was left half written")
 
     # -- cleanup --------------------------------------------------------------------------
     def listing(self, below: int | None = None) -> list[LogFile]:
@@ -245,6 +281,20 @@ class PosixLogStore(LogStore):
             except FileNotFoundError:
                 pass
         return deleted
+
+
+def filesystem_of(path: str) -> tuple[str, int | None]:
+    """The mount point of the filesystem holding ``path`` and the bytes free on it (None
+    if unknown), for messages."""
+    path = os.path.realpath(path)
+    try:
+        dev = os.stat(path).st_dev
+        while path != os.path.dirname(path) and os.stat(os.path.dirname(path)).st_dev == dev:
+            path = os.path.dirname(path)
+        fs = os.statvfs(path)
+        return path, fs.f_bavail * fs.f_frsize
+    except OSError:
+        return path, None
 
 
 def _write_all(fd: int, view: memoryview) -> None:

@@ -12,8 +12,10 @@ and to the move's own ``throttle``.
 Steps, each crash-safe (until the ``move`` entry is published nothing references the new
 file; garbage collection reclaims what a crash leaves):
 
-1. Create the temporary file (``TMP_PREFIX``), take its exclusive ``flock`` (garbage
-   collection and other services release no locked file) and make its mtime fresh.
+1. Under the partition's lock, create the temporary file (``TMP_PREFIX``), take its
+   exclusive ``flock`` (garbage collection and other services release no locked file) and
+   make its mtime fresh: garbage collection, which takes that lock first, never finds it
+   unlocked.
 2. Copy the chunks (touching the file at least every second, so only an abandoned copy
    ages), write the header, sealed, and flush.
 3. Verify every chunk's checksum at its new position.
@@ -33,6 +35,7 @@ before the ``move`` entry, and the old files stay until their grace period is ov
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -50,6 +53,7 @@ from ..layout import TMP_PREFIX, fsync_dir, makedirs_durable, segment_id
 from ..reading import read_range
 from ..segment import HEADER_SIZE, SegmentHeader
 from ..state import SegmentState
+from ..tiers import NO_SPACE
 from ..tiers.pmem_writer import PmemSegmentWriter
 from .adopt import layout
 
@@ -63,8 +67,19 @@ def place_local(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.n
                 ) -> tuple[list[ChunkRecord], int]:
     """Copy into a temporary file on a local tier, verify, and claim the final name; return
     the chunks and the descriptor holding the copy's lock (the caller closes it once the
-    ``move`` entry is published or the copy discarded)."""
-    tmp, chunks, lock = _copy(topic, target, segs, rows, need, throttle)
+    ``move`` entry is published or the copy discarded). A full target filesystem is
+    :class:`StoreFull`, with the temporary copy removed."""
+    free = target.free_bytes()
+    if not target.has_pool and free is not None and free < need:
+        # Known before the first byte: do not write a copy that cannot fit.
+        raise _target_full(topic, target, segs, OSError(errno.ENOSPC, os.strerror(
+            errno.ENOSPC)))
+    try:
+        tmp, chunks, lock = _copy(topic, target, segs, rows, need, throttle)
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        raise _target_full(topic, target, segs, e) from None
     try:
         crash_point("move.copied")
         _verify(tmp, chunks)
@@ -80,9 +95,11 @@ def place_local(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.n
         os.close(lock)
         raise CommitConflict(f"topic {topic.name!r}: {final} already exists (another move of "
                              "the segment is under way or was interrupted)") from None
-    except BaseException:
+    except BaseException as e:
         _discard(target, tmp)
         os.close(lock)
+        if isinstance(e, OSError) and e.errno in NO_SPACE:  # the directory cannot grow
+            raise _target_full(topic, target, segs, e) from None
         raise
     try:
         crash_point("move.linked")
@@ -151,6 +168,20 @@ def upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarra
     return chunks
 
 
+def _target_full(topic: Topic, target: Tier, segs: list[SegmentState], e: OSError
+                 ) -> StoreFull:
+    """The error of a copy that found the target tier's filesystem full (its temporary copy
+    is gone already); placement skips that tier for new segments until space returns."""
+    topic.store.mark_out_of_space(target, e)
+    free = target.free_bytes()
+    return StoreFull(f"topic {topic.name!r}: moving {', '.join(s.id for s in segs)} to tier "
+                     f"{target.number} ({target.path}) failed: its filesystem is full "
+                     f"({os.strerror(e.errno or 0)}, {free} bytes free) though the tier is "
+                     f"configured for {target.capacity or 'unbounded'} bytes; the copy was "
+                     "removed and the segments stay where they are. Free space there, or "
+                     "shrink the tier to what its filesystem holds (pafka resize)")
+
+
 def _read_source(topic: Topic, p: int, seq: int, path: str, pos: int, length: int
                  ) -> pa.Buffer:
     """A committed chunk of a source segment; :class:`DataLoss` naming it if its file is
@@ -187,7 +218,7 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
           ) -> tuple[str, list[ChunkRecord], int]:
     """Copy the committed chunks into a temporary file on ``target``; return it, the chunks
     at their new positions, and the descriptor holding the copy's lock (see
-    :func:`_lock_copy`; the caller closes it)."""
+    :func:`_create_locked`; the caller closes it)."""
     store = topic.store
     p = segs[0].partition
     d = os.path.dirname(target.segment_path(topic.name, p, segs[0].seq))
@@ -198,27 +229,19 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
     # untouched for the grace period (and unlocked: a live move's copy ages only if the
     # move stalls that long with its lock lost, which the touch then reports).
     touch_every = min(1.0, topic.setting("log.cleanup.grace.ms") / 4000.0)
-    writer: PmemSegmentWriter | None = None
-    fd = -1
     if target.has_pool:
         if need > target.segment_bytes:
             raise StoreFull(f"merged segment of {need} bytes does not fit a pool file of "
                             f"{target.segment_bytes} bytes on tier {target.number}")
-        writer = target.take_pool_file(tmp)
-        if writer is None:
-            raise StoreFull(f"tier {target.number} ({target.path}) has no free pool file")
     else:
         used = store.used_bytes().get(target.number, 0)
         if target.capacity > 0 and used + need > target.capacity:
             raise StoreFull(f"tier {target.number} ({target.path}): {used} of "
                             f"{target.capacity} bytes used, {need} more do not fit")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     chunks, end = layout(rows, p, segs[0].seq, target.number)
-    lock = -1
+    writer, lock = _create_locked(topic, target, p, tmp)
+    fd = lock if writer is None else -1  # a plain file is written through its lock's fd
     try:
-        # Before the first byte is written: a pool file keeps the mtime of its last use, and
-        # garbage collection may have taken it back to the pool before we locked it.
-        lock = _lock_copy(topic, tmp)
         touched = time.monotonic()
         if writer is not None:
             mapping = writer.mapping
@@ -250,49 +273,54 @@ def _copy(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray
             os.pwrite(fd, header, 0)
             os.fsync(fd)
     except BaseException:
-        _close_copy(writer, fd)
+        if writer is not None:
+            writer.close()
         _discard(target, tmp)
-        if lock >= 0:
-            os.close(lock)
+        os.close(lock)
         raise
-    _close_copy(writer, fd)
+    if writer is not None:
+        writer.close()
     return tmp, chunks, lock
 
 
-def _close_copy(writer: PmemSegmentWriter | None, fd: int) -> None:
-    if writer is not None:
-        writer.close()
-    else:
-        os.close(fd)
+def _create_locked(topic: Topic, target: Tier, p: int, tmp: str
+                   ) -> tuple[PmemSegmentWriter | None, int]:
+    """Create the move's temporary copy ``tmp`` (a plain file, or on a pool tier a pool file
+    renamed to it) and take the ``flock`` that marks it as a live move's copy; return the
+    pool file's writer (None for a plain file) and the descriptor holding the lock (for a
+    plain file, the one it was created with, open for writing).
 
-
-def _lock_copy(topic: Topic, tmp: str) -> int:
-    """Take the ``flock`` that marks ``tmp`` as a live move's copy and make its mtime fresh;
-    return the descriptor that holds it. Garbage collection and other services never release
-    a locked file (:func:`.garbage.release_file`), so the lock is held until the
-    ``move`` entry is published or the copy discarded; the kernel drops it if we die."""
-    try:
-        fd = os.open(tmp, os.O_RDONLY)
-    except FileNotFoundError:  # reclaimed between its creation and here
-        raise PafkaError(f"topic {topic.name!r}: the temporary copy {tmp} of a move was "
-                         "reclaimed by garbage collection before it was locked; move "
-                         "abandoned") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        held = os.fstat(fd)
+    Garbage collection and other services never release a locked file
+    (:func:`.garbage.release_file`); the lock is held until the ``move`` entry is published or
+    the copy discarded, and the kernel drops it if we die. The copy is created and locked
+    under the partition's lock, which garbage collection takes (without waiting) before it
+    releases any file of the partition: it never finds the copy unlocked, however long this
+    process is descheduled between the two steps (a pool file keeps the mtime of its last
+    use, so with a short grace period it is a candidate the moment it has its new name)."""
+    writer: PmemSegmentWriter | None = None
+    fd = -1
+    with topic.store.partition_lock(topic.name, p):
         try:
-            named = os.stat(tmp)
-        except FileNotFoundError:
-            named = None
-        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-            raise PafkaError(f"topic {topic.name!r}: the temporary copy {tmp} of a move was "
-                             "reclaimed by garbage collection before it was locked; move "
-                             "abandoned")
-        _touch(topic, tmp)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+            if target.has_pool:
+                writer = target.take_pool_file(tmp)
+                if writer is None:
+                    raise StoreFull(f"tier {target.number} ({target.path}) has no free pool "
+                                    "file")
+                fd = target.open_inside(tmp, os.O_RDONLY)
+            else:  # never through a linked <topic>/ or <partition>/ directory
+                fd = target.open_inside(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # A fresh mtime: a pool file's is that of its last use.
+            _touch(topic, tmp)
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            if fd >= 0:
+                os.close(fd)
+            if writer is not None or fd >= 0:
+                _discard(target, tmp)
+            raise
+    return writer, fd
 
 
 def _verify(path: str, chunks: list[ChunkRecord]) -> None:

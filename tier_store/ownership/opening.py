@@ -8,6 +8,7 @@ never half seen.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from typing import Any
 
 from ..commit_log import CommitLog
 from ..config import LAYOUT_KEYS, StoreConfig, TierSpec, parse_config, render_value, tier_key
-from ..errors import ConfigError, StoreNotFound
+from ..errors import ConfigError, StoreFull, StoreNotFound
 from ..layout import (
     STORE_FILE,
     STORE_LOCK,
@@ -26,10 +27,12 @@ from ..layout import (
     makedirs_durable,
     topic_names,
 )
-from ..tiers import Tier, make_tier
+from ..tiers import NO_SPACE, Tier, make_tier
 from .claims import check_apart, claim_local_tiers
 from .rootfiles import RootFiles
 from .saved import FORMAT, decode_saved, encode_saved, inside, relocations, tier_overlap
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,10 +85,18 @@ def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]) -> O
     claim_local_tiers(root, store_id, specs)
     tiers = [make_tier(spec, effective) for spec in specs]
     for t in tiers:
-        t.prepare()
-        # On every open, not only the first: a crash while pre-allocating (or a tier on RAM
-        # that lost its files) must not leave a pool short for good. Cheap once complete.
-        t.ensure_pool()
+        try:
+            t.prepare()
+            # On every open, not only the first: a crash while pre-allocating (or a tier on
+            # RAM that lost its files) must not leave a pool short for good. Cheap once
+            # complete; a pool its filesystem cannot hold whole is left short, with a warning.
+            t.ensure_pool()
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            # Readers need no room: open, and let placement find the tier full.
+            log.warning("tier %d (%s): its filesystem is full (%s); the store opens, and new "
+                        "segments go to the next tier with room", t.number, t.path, e)
     return Opened(effective, tiers, store_id, relocations(saved))
 
 
@@ -97,13 +108,22 @@ def _create(files: RootFiles, root: str, config: StoreConfig) -> None:
     check_apart(root, store_id, specs)
     # Made and claimed before _store.json exists: from then on, a missing or unclaimed one
     # has moved or is lost, and a store refused a tier is not left behind.
-    for spec in specs:
-        if not is_url(spec.path):
-            makedirs_durable(spec.path)
-    claim_local_tiers(root, store_id, specs)
-    saved = {"format": FORMAT, "id": store_id, "config": config.explicit(),
-             "layout": config.layout(root)}
-    if not files.create(STORE_FILE, encode_saved(root, saved)):
+    try:
+        for spec in specs:
+            if not is_url(spec.path):
+                makedirs_durable(spec.path)
+        claim_local_tiers(root, store_id, specs)
+        saved = {"format": FORMAT, "id": store_id, "config": config.explicit(),
+                 "layout": config.layout(root)}
+        created = files.create(STORE_FILE, encode_saved(root, saved))
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        where = ", ".join([root] + [s.path for s in specs if not is_url(s.path)])
+        raise StoreFull(f"the store at {root} cannot be created: a filesystem it needs is "
+                        f"full ({e.strerror}); free space on the one holding {where} and try "
+                        "again") from None
+    if not created:
         raise ConfigError(f"{root}/{STORE_FILE} appeared while the store was being created "
                           "under its lock: was it written by hand?")
 
