@@ -269,14 +269,25 @@ def _encode(batches: list[pa.RecordBatch], schema: pa.Schema, compression: str) 
     return sink.getvalue()
 
 
-def read_chunk(buf: pa.Buffer, where: str) -> Iterator[pa.RecordBatch]:
-    """Yield the record batches of a chunk held in ``buf`` (zero-copy unless compressed)."""
+# What Arrow (and Python decoding the names Arrow found) raise on bytes that are not a valid
+# IPC stream: every Arrow exception, an I/O or out-of-bounds read, a name that is not UTF-8.
+_UNREADABLE = (pa.ArrowException, OSError, ValueError, EOFError)
+
+
+def read_chunk(buf: pa.Buffer, where: str, check: bool = True) -> Iterator[pa.RecordBatch]:
+    """Yield the record batches of a chunk held in ``buf`` (zero-copy unless compressed).
+
+    Bytes that are not an Arrow IPC stream are :class:`CorruptSegment` naming ``where``,
+    whatever Arrow raised. With ``check``, each batch also passes Arrow's structural
+    validation (buffers as large as its lengths say: O(columns), not O(rows))."""
     try:
-        reader = pa.ipc.open_stream(buf)
-        yield from reader
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise CorruptSegment(f"{where}: the chunk is not a readable Arrow IPC stream ({e})"
-                             ) from None
+        for batch in pa.ipc.open_stream(buf):
+            if check:
+                batch.validate()
+            yield batch
+    except _UNREADABLE as e:
+        raise CorruptSegment(f"{where}: the chunk is not a readable Arrow IPC stream "
+                             f"({type(e).__name__}: {e})") from None
 
 
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an IPC stream's end marker
@@ -290,9 +301,17 @@ class ChunkDecoder:
     small one; once a chunk has been read so, a chunk that starts with the same schema
     message and holds a single record batch is decoded from that batch's message alone.
     Anything else (several batches, dictionaries, another schema) takes the general path.
+
+    Whatever the bytes, decoding gives batches or :class:`CorruptSegment`, never another
+    exception. With ``check`` (readers that verify checksums) every batch passes Arrow's
+    structural validation and holds the columns of the run's first chunk: only a chunk whose
+    recorded checksum was forged to match can fail those. Arrow's full validation (every
+    offset, every string's UTF-8) would cost several times the checksum and is not run: a
+    forged chunk's crafted offsets may still point out of its buffers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, check: bool = True) -> None:
+        self._check = check
         self._schema: pa.Schema | None = None
         self._prefix: pa.Buffer | None = None
 
@@ -300,12 +319,30 @@ class ChunkDecoder:
         """The chunk's record batches; ``where`` names the chunk in an error."""
         one = self._single(buf)
         if one is not None:
+            if self._check:
+                try:
+                    one.validate()
+                except _UNREADABLE as e:
+                    raise CorruptSegment(f"{where()}: the chunk holds an invalid record batch "
+                                         f"({type(e).__name__}: {e})") from None
             return [one]
-        out = list(read_chunk(buf, where()))
-        if self._prefix is None and out:
-            self._schema = out[0].schema
-            self._prefix = self._schema.serialize()
+        out = list(read_chunk(buf, where(), self._check))
+        if self._prefix is None:
+            if out:
+                self._schema = out[0].schema
+                self._prefix = self._schema.serialize()
+        elif self._check and not self._same_columns(out):
+            raise CorruptSegment(f"{where()}: the chunk's columns are not the ones the "
+                                 f"topic's other chunks hold ({self._schema})")
         return out
+
+    def _same_columns(self, batches: list[pa.RecordBatch]) -> bool:
+        # Types may differ (a string column written as large_string): names may not.
+        assert self._schema is not None
+        try:
+            return all(b.schema.names == self._schema.names for b in batches)
+        except _UNREADABLE:  # a name that is not UTF-8
+            return False
 
     def _single(self, buf: pa.Buffer) -> pa.RecordBatch | None:
         prefix = self._prefix
@@ -320,5 +357,5 @@ class ChunkDecoder:
             if end + len(_EOS) != buf.size or buf.slice(end).to_pybytes() != _EOS:
                 return None
             return pa.ipc.read_record_batch(msg, self._schema)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        except _UNREADABLE:
             return None  # the general path reads it or names what is wrong

@@ -6,6 +6,11 @@ collection and pool tiers take the exclusive lock before a file goes (see
 :mod:`tier_store.maintenance.garbage`). A mapping unused for :data:`PIN_IDLE_S` is dropped,
 and with it the pin. Files are opened without following symbolic links, and a mapped file
 must be the one its path names, with a header naming the segment its path names.
+
+The store never truncates or shrinks a file a reader pins. A file truncated from outside is
+:class:`CorruptSegment` when a read maps it or reuses its cached mapping (its size against
+the range read); truncated under a mapping in use, the reader's next access past the new end
+is SIGBUS, which no check can prevent (see ``docs/integrity.md``).
 """
 
 from __future__ import annotations
@@ -76,19 +81,24 @@ class MappedFiles:
 
     def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
         """The mapping of ``path``, which holds ``[pos, pos + length)``. FileNotFoundError
-        when the path names no file (or stopped naming the one we opened)."""
+        when the path names no file (or stopped naming the one we opened);
+        :class:`CorruptSegment` when the file is shorter than that range."""
         st = os.stat(path, follow_symlinks=False)  # FileNotFoundError for a missing file
         now = time.monotonic()
         with self._lock:
             hit = self._maps.get(path)
+            # A cached mapping of a file truncated since would fault (SIGBUS) past the file's
+            # new end: the size from this stat must still cover the range (a new mapping
+            # then finds the file too short).
             if hit is not None and (hit.dev, hit.ino) == (st.st_dev, st.st_ino) and \
-                    pos + length <= hit.buf.size:
+                    pos + length <= min(hit.buf.size, st.st_size):
                 hit.used = now
                 return hit.buf
         buf, dev, ino = pin_map(path)
         if pos + length > buf.size:
-            raise CorruptSegment(f"{path}: chunk [{pos}, {pos + length}) lies past the file's "
-                                 f"end ({buf.size} bytes)")
+            raise CorruptSegment(f"{path}: the read of bytes [{pos}, {pos + length}) lies past "
+                                 f"the file's end ({buf.size} bytes): the segment was "
+                                 "truncated")
         with self._lock:
             self._drop_idle(now)
             if len(self._maps) >= self._limit:

@@ -145,8 +145,13 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
     """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
     None when re-planning is off."""
     at_offset = plan.start
-    decoder = ChunkDecoder()
-    local = {c.path for c in plan.chunks if not is_url(c.path)}
+    decoder = ChunkDecoder(check=verify)
+    # How far the plan reads into each local file: its mapping must reach that far, and the
+    # file must still be that long when it is mapped (a file truncated from outside the store
+    # is CorruptSegment then; truncated later, under the mapping, it may kill the process).
+    # A file's chunks come in the order of their positions: its last one reaches farthest.
+    reach = {c.path: c.pos + c.length for c in plan.chunks}
+    local = {path for path in reach if not is_url(path)}
     owners = {o for o in map(owner_of, local) if o is not None}
     if owners:
         # This partition's segments the plan no longer names (moved, merged, deleted) are
@@ -164,7 +169,8 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
             elif is_url(c.path):
                 buf = read_range(c.path, c.pos, c.length)
             else:
-                mapped = (c.path, MAPS.whole(c.path, c.pos, c.length))
+                mapped = (c.path, MAPS.whole(c.path, c.pos,
+                                              max(reach[c.path], c.pos + c.length) - c.pos))
                 buf = mapped[1].slice(c.pos, c.length)
         except FileNotFoundError:
             stale = "missing"
@@ -192,8 +198,13 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
             return (f"{plan.topic}/{plan.partition} offsets [{c.base}, {c.base + c.records}) "
                     f"in {c.path}")
 
+        batches = decoder.batches(buf, where)
+        rows = batches[0].num_rows if len(batches) == 1 else sum(b.num_rows for b in batches)
+        if rows != c.records:
+            raise CorruptSegment(f"{where()}: the chunk holds {rows} records, its commit "
+                                 f"recorded {c.records}")
         row = c.base
-        for batch in decoder.batches(buf, where):
+        for batch in batches:
             b0, b1 = row, row + batch.num_rows
             row = b1
             lo, hi = max(plan.start, b0), min(plan.end, b1)

@@ -20,13 +20,13 @@ import contextlib
 import os
 import random
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from . import positions, views
+from . import dropped, positions, views
 from .chunk import EncodedChunk
 from .commit_log import CommitLog
 from .conflicts import Requirement
@@ -64,6 +64,7 @@ class Topic:
         self._flusher = Flusher()
         self._sync_lock = threading.Lock()
         self._rr = random.randrange(1 << 16)
+        dropped.prepare()  # dropped without close(), the handle's writers are closed there
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r}, partitions={self.partitions})"
@@ -345,12 +346,32 @@ class Topic:
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""
         self.sync()
-        with self._parts_lock:
-            parts, self._parts = list(self._parts.values()), {}
-        for q in parts:
-            q.close()
+        _close_writers(self._parts, self._parts_lock)
         self._flusher.shutdown()
         self.log.close()
+
+    def __del__(self) -> None:  # not from the collector's thread: see tier_store.dropped
+        _release_dropped(vars(self))
+
+
+def _forget_writers(parts: dict[int, PartitionLog], lock: threading.Lock | None
+                    ) -> list[Callable[[], None]]:
+    """How to close the partition writers in ``parts``, which forgets them."""
+    with lock or contextlib.nullcontext():
+        closers = [q.close for q in parts.values()]
+        parts.clear()
+    return closers
+
+
+def _close_writers(parts: dict[int, PartitionLog], lock: threading.Lock) -> None:
+    for close in _forget_writers(parts, lock):
+        close()
+
+
+def _release_dropped(fields: dict[str, Any]) -> None:
+    """Have the writers of a handle dropped without close() (its ``vars``) closed."""
+    if "_parts" in fields:  # not if __init__ failed before it
+        dropped.release_later(f"topic {fields['name']}", _forget_writers(fields["_parts"], None))
 
 
 __all__ = ["NO_TIME", "Topic", "as_table", "conform", "loose_type"]
