@@ -26,6 +26,7 @@ from tier_store import (
     Store,
     Topic,
     TopicDeleted,
+    TopicNotFound,
     execute,
 )
 
@@ -93,31 +94,65 @@ def _describe(schema: pa.Schema) -> str:
 
 def read_plan(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool,
               fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
-    """Execute a plan on an executor, adding metadata columns and casting to ``target``."""
+    """Execute a plan on an executor, adding metadata columns and casting to ``target``.
+
+    Without ``fail_on_data_loss``, offsets deleted since planning are skipped and the read
+    goes on from the earliest offset still present, to the plan's end."""
+    at = plan.start
+    while True:
+        try:
+            for b, end in _plan_batches(plan, target, include_metadata, verify):
+                yield b
+                at = end
+            return
+        except DataLoss as e:
+            if fail_on_data_loss:
+                raise
+            log.warning("skipping lost data (failOnDataLoss=false): %s", e)
+            resumed = _resume(plan, at)
+            if resumed is None:
+                return
+            plan = resumed
+
+
+def _resume(plan: ReadPlan, at: int) -> ReadPlan | None:
+    """``[earliest, plan.end)`` of the plan's partition planned again, once offsets from
+    ``at`` on were lost; None when nothing of the range is left or nothing moved on."""
     try:
-        for pb in execute(plan, verify):
-            b = pb.batch
-            if include_metadata:
-                n = b.num_rows
-                cols = b.columns + [
-                    pa.array([plan.topic] * n, pa.string()) if n < 64 else
-                    pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
-                                                   pa.array([plan.topic])).cast(pa.string()),
-                    pa.array(np.full(n, plan.partition, np.int32)),
-                    pa.array(np.arange(pb.offset, pb.offset + n, dtype=np.int64)),
-                    pa.array(np.full(n, pb.timestamp * 1000, np.int64)).cast(
-                        pa.timestamp("us", tz="UTC")),
-                ]
-                b = pa.RecordBatch.from_arrays(cols, names=target.names)
-            b = conform_batch(b, target)
-            # Zero-copy slices of at most SPARK_BATCH_ROWS: a chunk may hold one batch of
-            # hundreds of thousands of rows, which costs the JVM side page faults to take in.
-            for at in range(0, b.num_rows, SPARK_BATCH_ROWS):
-                yield b.slice(at, SPARK_BATCH_ROWS) if b.num_rows > SPARK_BATCH_ROWS else b
-    except DataLoss as e:
-        if fail_on_data_loss:
-            raise
-        log.warning("skipping lost data (failOnDataLoss=false): %s", e)
+        topic = store_to_read(plan.root, {}).topic(plan.topic)
+    except TopicNotFound:
+        return None
+    if plan.topic_id and topic.id != plan.topic_id:
+        return None
+    start = max(at, topic.earliest_offsets()[plan.partition])
+    if start >= plan.end or start <= plan.start:
+        return None  # nothing left, or the loss is not retention's: do not spin
+    return topic.plan_read(plan.partition, start, plan.end)
+
+
+def _plan_batches(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool
+                  ) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The plan's batches for Spark, each with the offset after its last row."""
+    for pb in execute(plan, verify):
+        b = pb.batch
+        if include_metadata:
+            n = b.num_rows
+            cols = b.columns + [
+                pa.array([plan.topic] * n, pa.string()) if n < 64 else
+                pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                               pa.array([plan.topic])).cast(pa.string()),
+                pa.array(np.full(n, plan.partition, np.int32)),
+                pa.array(np.arange(pb.offset, pb.offset + n, dtype=np.int64)),
+                pa.array(np.full(n, pb.timestamp * 1000, np.int64)).cast(
+                    pa.timestamp("us", tz="UTC")),
+            ]
+            b = pa.RecordBatch.from_arrays(cols, names=target.names)
+        b = conform_batch(b, target)
+        # Zero-copy slices of at most SPARK_BATCH_ROWS: a chunk may hold one batch of
+        # hundreds of thousands of rows, which costs the JVM side page faults to take in.
+        for at in range(0, b.num_rows, SPARK_BATCH_ROWS):
+            part = b.slice(at, SPARK_BATCH_ROWS) if b.num_rows > SPARK_BATCH_ROWS else b
+            yield part, pb.offset + at + part.num_rows
 
 
 class Planning:
