@@ -39,7 +39,7 @@ def tracked_state() -> tuple[str, dict[str, str]]:
     return status, hashes
 
 
-@pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py"])
+@pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py", "soak.py"])
 def test_help(script):
     r = run(script, "--help")
     assert r.returncode == 0, r.stderr
@@ -60,6 +60,9 @@ def test_help(script):
     ("store_bench.py", ["--repeat", "0"], "--repeat"),
     ("store_bench.py", ["--batch", "x"], "--batch"),
     ("store_bench.py", ["--commits", "0", "10"], "--commits"),
+    ("soak.py", ["--minutes", "0"], "--minutes"),
+    ("soak.py", ["--sample", "nan"], "--sample"),
+    ("soak.py", ["--out", "bench"], "--out"),
 ])
 def test_bad_arguments_name_the_flag(script, args, flag):
     r = run(script, *args)
@@ -153,3 +156,117 @@ def test_the_simulated_hdd_charges_the_file_tiers_named_for_the_store_written(
     finally:
         for n in (1, 2):
             throttle_tier_writes(None, n)
+
+
+# -- bench/soak.py -------------------------------------------------------------------------------
+def _soak_outputs(tmp_path, read_ids: list[int], ok: list[bool] | None = None) -> tuple[str, str]:
+    """A real store holding ids 0..999 (10 batches of 100, partition 0, offset = id), the
+    writer's Spark checkpoint logs for those batches, and a reader output of ``read_ids``."""
+    import json
+
+    import pyarrow as pa
+    import soak_roles
+
+    from tier_store import Store
+    root, work = str(tmp_path / "store"), tmp_path / "work"
+    # log.segment.ms=1: each batch rolls a segment of its own.
+    conf = {"storage.tiers.first.sizes": "64m", "log.segment.bytes": "1m", "log.segment.ms": 1}
+    with Store.open(root, conf, create=True) as store:
+        t = store.create_topic(soak_roles.TOPIC, soak_roles.TOPIC_SCHEMA, partitions=1)
+        for b in range(10):
+            ids = list(range(b * 100, b * 100 + 100))
+            t.append(pa.record_batch([pa.array(ids, pa.int64()),
+                                      pa.array([soak_roles.payload(i) for i in ids])],
+                                     schema=soak_roles.TOPIC_SCHEMA), partition=0)
+            for log in ("offsets", "commits"):
+                d = work / "writer-ckpt" / log
+                d.mkdir(parents=True, exist_ok=True)
+                (d / str(b)).write_text("v1\n{}\n" + json.dumps({"offset": b * 100 + 100,
+                                                                "timestamp": 1000}) + "\n")
+    n = len(read_ids)
+    table = pa.table({"id": pa.array(read_ids, pa.int64()),
+                      "_partition": pa.array([0] * n, pa.int32()),
+                      "_offset": pa.array(read_ids, pa.int64()),
+                      "_timestamp": pa.array([0] * n, pa.int64()),
+                      "ok": pa.array(ok if ok is not None else [True] * n)})
+    with pa.OSFile(str(work / "read.arrow"), "wb") as sink, \
+            pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return root, str(work)
+
+
+def test_the_soak_check_passes_when_the_reader_read_every_committed_id(tmp_path):
+    import time
+
+    import soak_check
+    root, work = _soak_outputs(tmp_path, list(range(1000)))
+    f = soak_check.check(root, work, time.time(), retention_s=3600)
+    assert f["ids_committed"] == f["ids_within_horizon"] == 1000
+    for side in ("store", "reader"):
+        assert (f[side]["rows"], f[side]["wrong"], f[side]["duplicated"], f[side]["lost"]) \
+            == (1000, 0, 0, 0), f[side]
+    assert f["store"]["problems"] == []
+
+
+def test_the_soak_check_counts_lost_duplicated_and_wrong_rows(tmp_path):
+    """A check that cannot fail proves nothing: a reader output missing id 5, holding id 7
+    twice, one row whose payload did not match (ok false) and an id never written is
+    reported as such, and the run is failed."""
+    import time
+
+    import soak_check
+    ids = [i for i in range(1000) if i != 5] + [7]
+    ok = [i != 500 for i in ids]
+    root, work = _soak_outputs(tmp_path, ids + [5000], ok + [True])
+    f = soak_check.check(root, work, time.time(), retention_s=3600)
+    assert f["reader"]["lost"] == 1
+    assert f["reader"]["duplicated"] == 1
+    assert f["reader"]["wrong"] == 2  # the bad payload, and id 5000 beyond every batch
+    f.update(crashes=[], kills=[])
+    assert not soak_check.passed(f)
+    assert any("reader: 1 lost rows" in p for p in soak_check.problems(f))
+
+
+def test_the_soak_check_allows_what_retention_deleted_before_the_reader_came(tmp_path):
+    """Ids of batches planned before the retention horizon and gone from the store may be
+    missing from the reader's output: counted apart, not as lost."""
+    import os
+    import time
+
+    import soak_check
+    root, work = _soak_outputs(tmp_path, list(range(300, 1000)))
+    from tier_store import Store
+    with Store.open(root) as store:  # what retention would do: the first 3 batches go
+        t = store.topic("soak")
+        gone = [s.id for s in t.segments() if s.end_offset <= 300]
+        assert len(gone) == 3
+        t.delete_segments(gone)
+    old = time.time() - 7200
+    for b in range(3):
+        for log in ("offsets", "commits"):
+            os.utime(os.path.join(work, "writer-ckpt", log, str(b)), (old, old))
+    f = soak_check.check(root, work, time.time(), retention_s=3600)
+    assert f["ids_within_horizon"] == 700 and f["store"]["rows"] == 700
+    assert (f["reader"]["lost"], f["reader"]["deleted_before_read"]) == (0, 300)
+    assert (f["store"]["lost"], f["store"]["wrong"]) == (0, 0)
+
+
+@pytest.mark.slow
+def test_soak_smoke_run_passes_its_check_and_rewrites_no_tracked_file(tmp_path):
+    """A tiny soak (a Spark writer and a Spark reader, the migration service): the run ends
+    with a passing check, a figure and a report, and no tracked file changes."""
+    import json
+    before = tracked_state()
+    out, raw = tmp_path / "out", tmp_path / "raw.json"
+    r = run("soak.py", "--minutes", "0.25", "--kill-every", "3600", "--sample", "2",
+            "--out", str(out), env={"PAFKA_BENCH_JSON": str(raw)}, timeout=400)
+    assert r.returncode == 0, r.stderr[-4000:]
+    with open(raw) as fh:
+        f = json.load(fh)
+    assert f["ids_committed"] > 0 and f["ids_within_horizon"] > 0
+    for side in ("store", "reader"):
+        assert (f[side]["wrong"], f[side]["duplicated"], f[side]["lost"]) == (0, 0, 0)
+    assert f["reader"]["rows"] >= f["ids_committed"]
+    assert (out / "soak.png").stat().st_size > 0
+    assert "<!-- soak:start -->" in (out / "RESULTS.md").read_text()
+    assert tracked_state() == before
