@@ -69,13 +69,15 @@ def test_a_plan_that_no_longer_names_a_segment_unpins_it(tmp_path, shm_dir):
 
 
 def test_an_idle_mapping_is_unpinned_by_itself(tmp_path, shm_dir, monkeypatch):
-    monkeypatch.setattr(MAPS, "_idle_s", 0.3)
+    # Idle after 3 s: long enough that a loaded machine still collects before it lapses
+    # (0.3 s lapsed there between the read and the collection).
+    monkeypatch.setattr(MAPS, "_idle_s", 3.0)
     s = _store(tmp_path, shm_dir)
     t = _two_segments(s)
     assert read_all(t, 0) == list(range(800))
     _move_elsewhere(s.root, "t/0-0", 2)
     assert s.collect_garbage(t) == 0
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while MAPS.pinned() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert MAPS.pinned() == []
