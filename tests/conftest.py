@@ -76,3 +76,91 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+# -- a real S3 server: a one-node Ceph cluster with radosgw (tests/s3server.py) ------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """The session's S3 server, stopped at the end (also when the run fails or is killed).
+
+    PAFKA_S3_ENV=<file of ``export`` lines from ``python -m tests.s3server start DIR``> uses that
+    running server instead (shared: its gateway cannot be stopped). Without the Ceph programs the
+    tests that need it are skipped, unless PAFKA_REQUIRE_S3=1 (CI), which makes them fail.
+    """
+    import atexit
+    import tempfile
+
+    from .s3server import S3Server, missing_binaries
+    if os.environ.get("PAFKA_S3_ENV"):
+        yield S3Server.from_env_file(os.environ["PAFKA_S3_ENV"])
+        return
+    missing = missing_binaries()
+    if missing:
+        reason = (f"no S3 test server: Ceph programs not found ({', '.join(missing)}); install "
+                  "ceph-mon ceph-osd radosgw ceph-common (.ci/setup does)")
+        if os.environ.get("PAFKA_REQUIRE_S3") == "1":
+            pytest.fail(reason + " [PAFKA_REQUIRE_S3=1]", pytrace=False)
+        pytest.skip(reason)
+    # A short directory of its own: the daemons' Unix sockets must fit in 107 bytes.
+    server = S3Server.start(tempfile.mkdtemp(prefix="pafka-ceph-"))
+    atexit.register(server.close)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_own_server(s3_server):
+    """An S3 server whose gateway this session may stop and start (outage tests): the session's
+    server, or a private one when the session's is shared (PAFKA_S3_ENV)."""
+    if s3_server.owned:
+        yield s3_server
+        return
+    import atexit
+    import tempfile
+
+    from .s3server import S3Server
+    server = S3Server.start(tempfile.mkdtemp(prefix="pafka-ceph-"))
+    atexit.register(server.close)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_server) -> str:
+    """One bucket for the session's s3_root prefixes."""
+    return s3_server.new_bucket()
+
+
+def s3_env(server, monkeypatch) -> None:
+    """Point boto3/s3fs at ``server`` through the standard AWS variables only."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def s3_root(s3_server, s3_bucket, monkeypatch) -> str:
+    """A fresh, empty ``s3://<bucket>/<prefix>`` on the session's server, AWS variables set.
+
+    A gateway left stopped by an earlier test is started again first."""
+    if s3_server.owned:
+        s3_server.start_gateway()
+    s3_env(s3_server, monkeypatch)
+    return f"s3://{s3_bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def s3_own_root(s3_own_server, monkeypatch) -> str:
+    """Like s3_root, on s3_own_server (whose gateway the test may stop)."""
+    s3_own_server.start_gateway()
+    s3_env(s3_own_server, monkeypatch)
+    bucket = s3_own_server.state.get("own_bucket") or s3_own_server.new_bucket()
+    s3_own_server.state["own_bucket"] = bucket
+    return f"s3://{bucket}/t-{uuid.uuid4().hex[:12]}"

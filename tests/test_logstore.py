@@ -2,19 +2,22 @@
 
 An implementation joins by adding a param to the ``impl`` fixture: an :class:`Impl` that
 opens handles on one fresh log, deletes that log, and makes a process die mid-write.
-Everything runs on real storage (files in ``tmp_path`` for POSIX), with real threads and
-real forked processes.
+Everything runs on real storage (files in ``tmp_path`` for POSIX, a prefix of a bucket on
+the test radosgw for S3), with real threads and real forked processes.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,7 +28,8 @@ from tier_store.commit_log import CommitLog
 from tier_store.entries import ConfigEntry, CreateEntry, schema_to_text
 from tier_store.errors import CorruptLog, TopicDeleted
 from tier_store.layout import TMP_PREFIX, checkpoint_name, entry_name
-from tier_store.logstore import LogFile, LogStore, PosixLogStore
+from tier_store.logstore import LogFile, LogStore, ObjectLogStore, PosixLogStore
+from tier_store.objects import ObjectStore
 
 from .conftest import SCHEMA
 
@@ -72,9 +76,62 @@ def _posix(tmp_path) -> Impl:
     return Impl(lambda: PosixLogStore(path, "t"), destroy, die_mid_write, staged)
 
 
-@pytest.fixture(params=["posix"])
+class TopicMarker:
+    """The incarnation check an object root gives a topic's log, for a log at a fixed prefix:
+    ``<topic>/_topic.json`` names the incarnation, pinned on first sight."""
+
+    def __init__(self, topic: ObjectStore):
+        self.topic = topic
+        self.pinned: str | None = None
+
+    def __call__(self) -> bool:
+        data = self.topic.get("_topic.json")
+        now = json.loads(data)["incarnation"] if data is not None else None
+        if self.pinned is None:
+            self.pinned = now
+            return now is not None
+        if now != self.pinned:
+            again = " and created again" if now is not None else ""
+            raise TopicDeleted(f"topic 't' was deleted{again} since this handle opened it: "
+                               "open the topic again")
+        return True
+
+
+def _s3(url: str) -> Impl:
+    """A topic ``t`` under ``url``: ``t/_topic.json`` and the log under ``t/_log/``."""
+    topic = ObjectStore.open(url).child("t")
+    log_url = topic.child("_log").url
+
+    def destroy(recreate: bool) -> None:
+        topic.delete(["_topic.json"])  # first: from here on the topic is gone
+        topic.delete([o.key for o in topic.list()], ordered=False)
+        if recreate:
+            topic.put_if_absent("_topic.json",
+                                json.dumps({"incarnation": uuid.uuid4().hex}).encode())
+
+    def die_mid_write() -> None:
+        def half(sock: socket.socket, data, *args) -> None:
+            if len(data) >= 50_000:  # the body of a put: send half of it, then die
+                real(sock, bytes(memoryview(data)[: len(data) // 2]))
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(sock, data, *args)
+        real = socket.socket.sendall
+        socket.socket.sendall = half  # type: ignore[method-assign]  # forked child only
+
+    def open_() -> LogStore:
+        # Checked on every call (recheck_seconds=0): the contract tests delete and expect
+        # the very next check to notice.
+        return ObjectLogStore(ObjectStore.open(log_url), "t", TopicMarker(topic),
+                              recheck_seconds=0)
+
+    destroy(True)
+    return Impl(open_, destroy, die_mid_write, lambda: [])  # nothing is ever staged
+
+
+@pytest.fixture(params=["posix", "s3"])
 def impl(request, tmp_path):
-    made = {"posix": _posix}[request.param](tmp_path)
+    made = _s3(request.getfixturevalue("s3_root")) if request.param == "s3" \
+        else _posix(tmp_path)
     yield made
     for s in made.handles:
         s.close()

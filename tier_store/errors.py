@@ -57,6 +57,12 @@ class StoreFull(PafkaError):
     commit log's) is full: the write did not happen and left nothing behind."""
 
 
+class StoreUnavailable(PafkaError, OSError):
+    """The object store holding the root did not answer within the retry budget, or refused
+    a request outright (access denied, no such bucket): the message names the bucket, the
+    key and what failed. A write's outcome is then unknown: read to find out."""
+
+
 class DataLoss(PafkaError):
     """Requested records are gone: deleted by retention, or their segment file is missing."""
 

@@ -4,6 +4,7 @@ implementations."""
 from __future__ import annotations
 
 from .base import Blob, LogFile, LogStore
+from .objects import ObjectLogStore
 from .posix import PosixLogStore
 
-__all__ = ["Blob", "LogFile", "LogStore", "PosixLogStore"]
+__all__ = ["Blob", "LogFile", "LogStore", "ObjectLogStore", "PosixLogStore"]

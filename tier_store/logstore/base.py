@@ -3,9 +3,11 @@
 A commit log is a sequence of numbered, immutable *entries* (version 0, 1, 2, ...), with
 *checkpoints* (the whole topic state at a version) and a *hint* naming the newest checkpoint.
 :class:`~tier_store.commit_log.CommitLog` encodes, decodes and replays them; a ``LogStore``
-only keeps bytes under numbers. Each implementation (a POSIX directory today, an object
-store with conditional puts next) must keep the contract stated on each method here;
-``tests/test_logstore.py`` checks it for every implementation.
+only keeps bytes under numbers. Each implementation (a POSIX directory,
+:class:`~tier_store.logstore.posix.PosixLogStore`; a prefix of an S3 bucket written with
+conditional puts, :class:`~tier_store.logstore.objects.ObjectLogStore`) must keep the
+contract stated on each method here; ``tests/test_logstore.py`` checks it for every
+implementation. Where an object store keeps a weaker form, the method says so.
 
 Errors, for every method:
 
@@ -19,8 +21,10 @@ Errors, for every method:
   and :meth:`LogStore.advance_checkpoint_hint`, naming the log and its filesystem. The write
   did not happen (the entry is not published, the checkpoint or hint not written) and
   nothing it staged is left behind; it may succeed once space returns.
-* :class:`OSError`: the storage failed otherwise (I/O error, permission). After a failed
-  write the outcome is unknown unless the method says otherwise: read to find out.
+* :class:`OSError`: the storage failed otherwise (I/O error, permission; for an object
+  store :class:`~tier_store.errors.StoreUnavailable`, an ``OSError``, once its retries are
+  spent, naming the bucket and key). After a failed write the outcome is unknown unless the
+  method says otherwise: read to find out.
 * Bytes are returned as stored; deciding that they are malformed
   (:class:`~tier_store.errors.CorruptLog`) is the caller's job.
 """
@@ -55,7 +59,8 @@ class LogStore(abc.ABC):
     * **Atomic visibility.** A reader sees a whole entry or checkpoint or none: never a
       partial one, whatever the writer's fate (a crash mid-write leaves nothing visible).
     * **Durability.** A put or checkpoint write that returned has survived a crash of the
-      machine; so has the hint once :meth:`advance_checkpoint_hint` returned.
+      machine (for an object store: the server acknowledged it, and keeps it as durably as
+      it keeps anything); so has the hint once :meth:`advance_checkpoint_hint` returned.
     * **Immutability.** Entries and checkpoints are never rewritten, only deleted (by
       :meth:`delete`, oldest first).
     * **Listings** are sorted ascending. They may miss what is published concurrently and
@@ -78,7 +83,11 @@ class LogStore(abc.ABC):
     def check_incarnation(self) -> None:
         """Raise :class:`~tier_store.errors.TopicDeleted` if the log at :attr:`location` is
         no longer the one this store first saw there (deleted, perhaps created again). The
-        first call with the log present pins the incarnation. Cheap: called before reads."""
+        first call with the log present pins the incarnation. Cheap: called before reads.
+
+        Object store: one request, so a pass is reused for up to ``recheck_seconds`` (1 s):
+        a read within that time of a deletion may still see the old log (as a read just
+        before the deletion would). A deletion, once seen, is raised from then on."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -100,7 +109,11 @@ class LogStore(abc.ABC):
         byte for byte). Never publishes a partial entry. Raises
         :class:`~tier_store.errors.TopicDeleted` if the log was deleted before or during
         the put (an entry put into a deleted log is visible nowhere). An implementation
-        retries transient conflicts (e.g. HTTP 409) itself, for the same number."""
+        retries transient conflicts (e.g. HTTP 409) itself, for the same number.
+
+        Object store: the incarnation is checked before the put, never from a cached pass;
+        a put racing with the deletion may return True, its entry left under the deleted
+        incarnation's prefix, which nothing reads (visible nowhere, as above)."""
 
     @abc.abstractmethod
     def read(self, version: int) -> bytes | None:
@@ -134,19 +147,24 @@ class LogStore(abc.ABC):
     def last_checkpoint_hint(self) -> int | None:
         """The version the hint names; None if there is no hint (or it is unreadable). Only
         a hint: it may lag, or name a checkpoint since deleted; :meth:`checkpoints` is the
-        truth."""
+        truth. (Object store: a listing of the hint's markers, not a read of one object.)"""
 
     @abc.abstractmethod
     def advance_checkpoint_hint(self, version: int) -> int | None:
         """Point the hint at ``version`` unless it names ``version`` or newer already, as
         one atomic step against concurrent callers: the hint never moves back. Returns the
-        hint as it was (the hint moved iff that is None or less than ``version``)."""
+        hint as it was (the hint moved iff that is None or less than ``version``).
+
+        Object store: concurrent advances may each return the hint as it was before any of
+        them (as if each ran first); the hint still ends at the highest and never moves
+        back."""
 
     # -- cleanup --------------------------------------------------------------------------
     @abc.abstractmethod
     def listing(self, below: int | None = None) -> list[LogFile]:
         """Entries and checkpoints with versions ``< below`` (all if None), ascending by
-        version, a version's checkpoint before its entry."""
+        version, a version's checkpoint before its entry. Object store: ``mtime`` is by the
+        server's clock, compared with this host's by the cleanup grace."""
 
     @abc.abstractmethod
     def delete(self, files: Iterable[LogFile]) -> int:
