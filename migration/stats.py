@@ -49,22 +49,26 @@ def is_demotion(r: MoveResult) -> bool:
 
 def save_run(store: Store, done: Iterable[MoveResult], deleted: int, last_run_ms: int) -> None:
     """Add a run (its moves ``done``, ``deleted`` segments by retention) to the store's
-    totals, which ``pafka tiers`` shows."""
+    totals, which ``pafka tiers`` shows. Merged against services saving at the same time
+    (on a shared root, one per host)."""
+    done = list(done)
+
+    def add(totals: dict[str, Any]) -> dict[str, Any]:
+        for r in done:
+            key = "down" if is_demotion(r) else "up"
+            totals[f"segments_{key}"] = totals.get(f"segments_{key}", 0) + len(r.sources)
+            totals[f"bytes_{key}"] = totals.get(f"bytes_{key}", 0) + r.bytes
+        totals["segments_deleted"] = totals.get("segments_deleted", 0) + deleted
+        totals["runs"] = totals.get("runs", 0) + 1
+        totals["last_run_ms"] = max(last_run_ms, totals.get("last_run_ms", 0))
+        totals["last_moves"] = [asdict(r) for r in done[-LAST_MOVES:]]
+        return totals
+
     try:
-        totals = store.migration_totals()
+        store.update_migration_totals(add)
     except CorruptState as e:  # counters only: start them afresh rather than stop migrating
         log.warning("%s; the migration totals start afresh", e)
-        totals = {}
-    done = list(done)
-    for r in done:
-        key = "down" if is_demotion(r) else "up"
-        totals[f"segments_{key}"] = totals.get(f"segments_{key}", 0) + len(r.sources)
-        totals[f"bytes_{key}"] = totals.get(f"bytes_{key}", 0) + r.bytes
-    totals["segments_deleted"] = totals.get("segments_deleted", 0) + deleted
-    totals["runs"] = totals.get("runs", 0) + 1
-    totals["last_run_ms"] = last_run_ms
-    totals["last_moves"] = [asdict(r) for r in done[-LAST_MOVES:]]
-    store.save_migration_totals(totals)
+        store.save_migration_totals(add({}))
 
 
 def read_stats(root: str) -> dict[str, Any]:

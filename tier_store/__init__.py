@@ -38,6 +38,7 @@ from .maintenance.check import CheckReport, check_topic
 from .maintenance.idle import seal_idle
 from .maintenance.moves import MoveResult, OldCopyInGrace
 from .ownership import Relocation, relocate_tier
+from .ownership.roots import root_location
 from .pins import MAPS
 from .reading import PlannedChunk, ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
@@ -102,6 +103,7 @@ __all__ = [
     "parse_size",
     "partition_of",
     "relocate_tier",
+    "root_location",
     "seal_idle",
     "throttle_tier_writes",
     "tier_key",

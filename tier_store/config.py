@@ -14,6 +14,7 @@ directory has moved. Keys declared ``changeable`` may differ per open.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,7 @@ __all__ = [
     "COMPRESSION_TYPES",
     "KEYS",
     "LAYOUT_KEYS",
+    "OPEN_KEYS",
     "TIER_TYPES",
     "ConfigKey",
     "GiB",
@@ -67,6 +69,8 @@ _NUMBERED_RE = re.compile(r"^storage\.tiers\.(\d+)\.(paths|sizes)$")
 _ALIASES = {"first": 1, "second": 2}
 # Keys saved with the store that may not change after creation.
 LAYOUT_KEYS = tuple(k for k, d in KEYS.items() if not d.changeable)
+# Keys of one open on one host: never saved with the store, never set per topic.
+OPEN_KEYS = ("storage.root.options", "storage.host.dir")
 
 
 def canonical_key(name: str) -> str:
@@ -222,6 +226,10 @@ class StoreConfig:
         """The keys set by a file, a dict or the saved config (not defaults)."""
         return dict(self._values)
 
+    def saved(self) -> dict[str, Any]:
+        """What :meth:`explicit` saves with a new store: all but this open's own keys."""
+        return {k: v for k, v in self._values.items() if k not in OPEN_KEYS}
+
     def with_overrides(self, values: Mapping[str, Any]) -> StoreConfig:
         merged = dict(self._values)
         merged.update(values)
@@ -314,6 +322,8 @@ def properties_text() -> str:
 
 def render_value(value: Any) -> str:
     """Render a parsed value back to its ``.properties`` text."""
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True)
     if isinstance(value, tuple | list):
         return ",".join(str(v) for v in value)
     return "" if value is None else str(value)

@@ -6,10 +6,11 @@ name here, so ``from tier_store.config import KEYS, ConfigKey, parse_size`` keep
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ class ConfigKey:
     """One declared configuration key."""
 
     name: str
-    kind: str  # int | size | float | enum | list | path
+    kind: str  # int | size | float | enum | list | path | json
     default: Any
     doc: str
     changeable: bool = False
@@ -62,6 +63,8 @@ class ConfigKey:
             text = "a comma-separated list of " + ", ".join(self.choices)
         elif self.kind == "path":
             text = "a directory path (a REMOTE tier: an fsspec URL), without commas"
+        elif self.kind == "json":
+            text = "a JSON object"
         elif self.kind == "float" and self.minimum is not None and self.maximum is not None:
             text = f"a number in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]"
         else:
@@ -86,11 +89,13 @@ class ConfigKey:
         """Convert ``value`` (a string from a file or a Python value) and check its range."""
         if self.default is None and (value is None or str(value).strip() == ""):
             return None  # an optional key left empty
+        # A JSON value may hold a secret given by mistake: never echoed.
+        shown = "given" if self.kind == "json" else repr(value)
         try:
             parsed = self._convert(value)
         except (TypeError, ValueError):
             raise ConfigError(
-                f"invalid value {value!r} for {self.name}: expected {self.allowed()}"
+                f"invalid value {shown} for {self.name}: expected {self.allowed()}"
             ) from None
         out_of_range = (self.minimum is not None and parsed < self.minimum) or (
             self.maximum is not None and parsed > self.maximum)
@@ -99,7 +104,7 @@ class ConfigKey:
                 f"value {value!r} for {self.name} is out of range: expected {self.allowed()}"
             )
         if self.check is not None and (problem := self.check(parsed)):
-            raise ConfigError(f"invalid value {value!r} for {self.name}: {problem}")
+            raise ConfigError(f"invalid value {shown} for {self.name}: {problem}")
         return parsed
 
     def _convert(self, value: Any) -> Any:
@@ -136,7 +141,32 @@ class ConfigKey:
             if "," in text:
                 raise ValueError(value)
             return text
+        if self.kind == "json":
+            parsed = json.loads(value) if isinstance(value, str | bytes) else value
+            if not isinstance(parsed, Mapping):
+                raise ValueError(value)
+            return json.loads(json.dumps(dict(parsed)))  # plain, JSON-able, a copy
         raise AssertionError(self.kind)
+
+
+_SECRET_RE = re.compile(r"key|secret|token|password|passwd|credential", re.IGNORECASE)
+
+
+def _no_credentials(options: Any, where: str = "") -> str | None:
+    """Why ``options`` must not be given (a key that looks like a credential), or None."""
+    if not isinstance(options, Mapping):
+        return None
+    for k, v in options.items():
+        name = f"{where}{k}"
+        if _SECRET_RE.search(str(k)):
+            return (f"option {name!r} looks like a credential; credentials never go in the "
+                    "store's configuration (it is shown in logs and query plans): give them "
+                    "by the AWS environment variables (AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE) or ~/.aws/credentials")
+        problem = _no_credentials(v, f"{name}.")
+        if problem:
+            return problem
+    return None
 
 
 def _fmt(x: float) -> str:
@@ -170,6 +200,17 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("storage.tiers.second.sizes", "size", 0,
                   "Capacity of tier 2 in bytes; 0 means limited only by the filesystem. "
                   "Alias of storage.tiers.2.sizes.", minimum=0),
+        ConfigKey("storage.root.options", "json", None,
+                  "fsspec/s3fs options of an s3:// store root, e.g. {\"endpoint_url\": "
+                  "\"http://127.0.0.1:7480\"} (and retry_attempts, retry_max_seconds). Never "
+                  "credentials: those come from the AWS environment variables or config "
+                  "files, as s3fs reads them (Spark executors: spark.executorEnv.*). Not "
+                  "saved with the store.", changeable=True, check=_no_credentials,
+                  note="no credentials"),
+        ConfigKey("storage.host.dir", "path", "",
+                  "This host's directory for an s3:// store root: its locks and the "
+                  "partitions' active pointers (empty: <tier 1 directory>/_host). Not saved "
+                  "with the store.", changeable=True),
         ConfigKey("storage.migrate.threshold", "float", 0.5,
                   "Fraction of each tier with a capacity (all but the last) that should hold "
                   "data in the balanced state; it decides how much a tier holds, never the "

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class TopicHost(Protocol):
     """The store's services for its topics."""
 
-    root: str
+    root: str  # a directory, or an s3:// URL
     tiers: list[Tier]
 
     @property
@@ -30,6 +30,10 @@ class TopicHost(Protocol):
 
     def tier(self, number: int) -> Tier:
         """Tier ``number`` (1 = fastest); an error naming the tiers otherwise."""
+
+    def pointer_dir(self, topic: str, incarnation: str | None = None) -> str:
+        """The local directory of the topic's partition pointers and locks on this host
+        (made if missing), for incarnation ``incarnation`` (a topic's id)."""
 
     def partition_lock(self, topic: str, partition: int, blocking: bool = True,
                        kind: str = ...) -> AbstractContextManager[bool]:

@@ -17,6 +17,19 @@ Under the store root::
     <topic>/_partitions/<p>.active      JSON naming partition p's active segment
     _deleted/<topic>.<id>/              a deleted topic's directory, removed right after
 
+Under an object-store root (``s3://bucket/prefix``), shared by every host::
+
+    _store/<20-digit>.json              versions of _store.json; the highest is current
+    _migration/<20-digit>.json          versions of _migration.json
+    <topic>/_topic.json                 {"incarnation": "<32 hex>"}, created if absent; the
+                                        topic exists iff it and its log's entry 0 exist
+    <topic>/<incarnation>/_log/...      the commit log, named as in a local root
+
+and in each host's own directory (``storage.host.dir``, default ``<tier 1>/_host``)::
+
+    _store.lock, _tiers.lock            as in a local root, for this host's processes
+    <topic>.<incarnation>/_partitions/  partition pointers and locks, as in a local root
+
 Under each tier directory::
 
     <topic>/<p>/<20-digit seq>.seg      a segment of partition p
@@ -50,6 +63,10 @@ LOG_DIR = "_log"
 PARTITIONS_DIR = "_partitions"
 POOL_DIR = "_pool"
 DELETED_DIR = "_deleted"
+HOST_DIR = "_host"
+TOPIC_FILE = "_topic.json"
+#: The only URL scheme a store root may have: its conditional puts are atomic.
+ROOT_SCHEMES = ("s3",)
 ENTRY_SUFFIX = ".json"
 CHECKPOINT_SUFFIX = ".checkpoint"
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -138,6 +155,19 @@ def topic_names(root: str) -> list[str]:
 
 def partitions_dir(root: str, topic: str) -> str:
     return os.path.join(root, topic, PARTITIONS_DIR)
+
+
+def bury(path: str, graves: str, name: str) -> str:
+    """Rename ``path`` to ``graves/name`` (a fresh name if that one is taken), durably;
+    returns where it went."""
+    makedirs_durable(graves)
+    target = os.path.join(graves, name)
+    while os.path.lexists(target):
+        target = os.path.join(graves, f"{name}.{os.urandom(4).hex()}")
+    os.rename(path, target)
+    fsync_dir(os.path.dirname(path))
+    fsync_dir(graves)
+    return target
 
 
 def fsync_dir(path: str) -> None:

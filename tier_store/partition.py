@@ -50,7 +50,6 @@ from .layout import (
     fsync_dir,
     fsync_file,
     parse_segment_id,
-    partitions_dir,
     segment_id,
     write_atomic,
 )
@@ -106,7 +105,7 @@ class PartitionLog:
         self._setting = setting
         self._state = log.refresh
         self._flusher = flusher
-        self.pointer_dir = partitions_dir(host.root, topic)
+        self.pointer_dir = host.pointer_dir(topic, log.current.topic_id)
         self._pointer = os.path.join(self.pointer_dir, f"{number}.active")
         self._writer: tuple[tuple[int, int], SegmentWriter] | None = None
         self._flags = threading.Lock()

@@ -23,11 +23,12 @@ check closes that race.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -41,17 +42,11 @@ from .errors import (
     TopicExists,
     TopicNotFound,
 )
-from .layout import (
-    MIGRATION_FILE,
-    STORE_FILE,
-    check_topic_name,
-    partitions_dir,
-)
+from .layout import MIGRATION_FILE, check_topic_name
 from .maintenance import deletion, garbage, housekeeping
 from .maintenance.check import CheckReport, check_named, readable_states
 from .maintenance.moves import MoveResult, move_segment
 from .ownership import (
-    PosixRootFiles,
     RelocationFence,
     RootFiles,
     claim_of,
@@ -61,6 +56,8 @@ from .ownership import (
     read_json_object,
     resize_tier,
 )
+from .ownership.rootfiles import json_object, update
+from .ownership.roots import root_files, root_location, store_exists, store_identity
 from .ownership.saved import resolve_path
 from .placement import Placement
 from .state import TopicState
@@ -68,9 +65,10 @@ from .tiers import SegmentWriter, Tier
 from .topic import Topic
 
 log = logging.getLogger(__name__)
+_FRESH_TOTALS = "delete it to start the counters afresh"
 
 class Store:
-    """A tier store rooted at a directory. Use :meth:`open`."""
+    """A tier store rooted at a directory or an ``s3://`` URL. Use :meth:`open`."""
 
     def __init__(self, files: RootFiles, config: StoreConfig, tiers: list[Tier],
                  store_id: str, relocations: list[int]):
@@ -95,12 +93,18 @@ class Store:
         ``config`` is a dict of keys or the path of a ``.properties`` file; see
         :mod:`tier_store.config`. Readers, tools and notebooks pass ``create=False``: a
         mistyped root is then :class:`StoreNotFound` instead of a new empty store.
+
+        ``root`` is a directory, or ``s3://bucket/prefix``, shared by every process and
+        host that opens it (:mod:`tier_store.ownership.objectroot`): its tiers' paths must
+        then be given when it is created, its endpoint comes from ``storage.root.options``
+        or the AWS environment, and this host's locks and pointers go to
+        ``storage.host.dir``. Any other URL scheme is :class:`ConfigError`.
         """
-        root = os.path.abspath(os.fspath(root))
+        root = root_location(root)  # a directory, or s3:// (any other scheme: ConfigError)
         # Relative tier paths given now are relative to the working directory, as in any
         # command; the saved ones are relative to the root.
         given = {k: resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
-        files = PosixRootFiles(root)
+        files = root_files(root, given)
         opened = open_root(files, given, create)
         store = cls(files, opened.config, opened.tiers, opened.store_id, opened.relocations)
         store._given = given
@@ -109,27 +113,29 @@ class Store:
     @staticmethod
     def exists(root: str | os.PathLike[str]) -> bool:
         """Whether a store was created at ``root``."""
-        return PosixRootFiles(os.path.abspath(os.fspath(root))).stamp(STORE_FILE) is not None
+        return store_exists(root_location(root))
 
     @staticmethod
-    def identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
+    def identity(root: str | os.PathLike[str]) -> Hashable | None:
         """What tells this store apart from one deleted and created again at ``root``
         (None if there is none): a cached handle is reused only while it is the same."""
-        try:
-            st = os.stat(os.path.join(os.path.abspath(os.fspath(root)), STORE_FILE))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return st.st_dev, st.st_ino
+        return store_identity(root_location(root))
 
     def migration_totals(self) -> dict[str, Any]:
         """The migration service's counters since the store was made ({} before its first
         run)."""
-        return read_json_object(self.files, MIGRATION_FILE, "delete it to start the counters "
-                                "afresh")
+        return read_json_object(self.files, MIGRATION_FILE, _FRESH_TOTALS)
 
     def save_migration_totals(self, totals: Mapping[str, Any]) -> None:
         """Replace the migration service's counters (one writer: the service)."""
         self.files.replace(MIGRATION_FILE, json.dumps(dict(totals), indent=1).encode())
+
+    def update_migration_totals(self, change: Callable[[dict[str, Any]], Mapping[str, Any]]
+                                ) -> dict[str, Any]:
+        """Replace the counters by ``change(counters)`` against concurrent writers (the
+        services of several hosts): called again on the newer counters when another
+        saved first. Returns what was saved."""
+        return _update_totals(self.files, change)
 
     def relocated(self) -> bool:
         """Whether a tier was relocated since this handle opened the store: its commits and
@@ -157,7 +163,10 @@ class Store:
         """Create a topic with an Arrow schema; :class:`TopicExists` if it is there."""
         entry = create_entry(name, schema, self.config["num.partitions"] if partitions is None
                              else partitions, config)
-        if not CommitLog.on(self.files.new_topic_log(name)).publish(0, entry):
+        logs, incarnation = self.files.new_topic_log(name, entry.id)
+        if incarnation != entry.id:  # finishing a creation that died before its entry 0
+            entry = dataclasses.replace(entry, id=incarnation)
+        if not CommitLog.on(logs).publish(0, entry):
             raise TopicExists(f"topic {name!r} already exists in {self.root}")
         log.info("created topic %s with %d partitions", name, entry.partitions)
         return self.topic(name)
@@ -184,6 +193,8 @@ class Store:
                                     f"{', '.join(known) if known else '(none)'}")
             clog = CommitLog.on(self.files.topic_log(name))
             t = Topic(self, name, clog.load(), clog)
+            # This host's pointer directory, made durable now: a deferred write never waits.
+            self.pointer_dir(name, t.id)
             self._topics[name] = t
             return t
 
@@ -199,9 +210,9 @@ class Store:
         files are still pinned."""
         return deletion.reclaim_deleted(self)
 
-    def forget_topic(self, name: str) -> None:
+    def forget_topic(self, name: str, incarnation: str = "") -> None:
         """Close this handle's cached handle on topic ``name`` and its cached lock files (the
-        topic is being deleted)."""
+        topic, incarnation ``incarnation``, is being deleted)."""
         with self._lock:
             t = self._topics.pop(name, None)
         if t is not None:
@@ -209,7 +220,17 @@ class Store:
                 t.close()
             except OSError as e:
                 log.warning("topic %s: closing its writers failed: %s", name, e)
-        locks.forget(partitions_dir(self.root, name) + os.sep)
+        locks.forget(self.pointer_dir(name, incarnation or (t.id if t else None)) + os.sep)
+
+    def pointer_dir(self, topic: str, incarnation: str | None = None) -> str:
+        """The local directory of topic ``topic``'s partition pointers and locks on this
+        host: in the root, or for an object root in this host's directory, per incarnation
+        (default: the one this store's handle on the topic has, else the current one)."""
+        if incarnation is None and self.files.shared:
+            with self._lock:
+                t = self._topics.get(topic)
+            incarnation = t.id if t is not None else self.files.incarnation(topic) or ""
+        return self.files.partitions_dir(topic, incarnation or "")
 
     def topics(self) -> list[str]:
         """Names of the topics in the store, sorted."""
@@ -267,7 +288,7 @@ class Store:
         """Hold partition ``partition``'s append lock (``kind="lock"``), or its lock on
         remote-tier names (``kind=REMOTE_LOCK``): a thread lock and ``flock`` on its lock
         file. With ``blocking=False`` yields False instead of waiting."""
-        path = os.path.join(partitions_dir(self.root, topic), f"{partition}.{kind}")
+        path = os.path.join(self.pointer_dir(topic), f"{partition}.{kind}")
         with locks.held(path, blocking) as held:
             yield held
 
@@ -345,6 +366,15 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _update_totals(files: RootFiles, change: Callable[[dict[str, Any]], Mapping[str, Any]]
+                   ) -> dict[str, Any]:
+    def changed(raw: bytes | None) -> bytes:
+        now = {} if raw is None else json_object(raw, files.where(MIGRATION_FILE),
+                                                 _FRESH_TOTALS)
+        return json.dumps(dict(change(now)), indent=1).encode()
+    return json.loads(update(files, MIGRATION_FILE, changed))
 
 
 def _open_topic(root: str, name: str) -> Topic:

@@ -17,7 +17,6 @@ Thread-safety: a handle may be shared by threads.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -32,7 +31,7 @@ from .commit_log import CommitLog
 from .conflicts import Requirement
 from .entries import ChunkRecord, DeleteEntry, MoveEntry, PartitionsEntry
 from .errors import InvalidArgument
-from .layout import fsync_dir, partitions_dir
+from .layout import fsync_dir
 from .maintenance import retention
 from .partition import Flusher, PartitionLog
 from .reading import ReadPlan, execute
@@ -192,7 +191,7 @@ class Topic:
             with self._parts_lock:
                 parts = sorted(self._parts.values(), key=lambda q: q.number)
             if any([q.sync() for q in parts]):
-                fsync_dir(partitions_dir(self.store.root, self.name))
+                fsync_dir(self.store.pointer_dir(self.name, self.id))
             self._flusher.wait()  # after: rolled-out segments were queued before their sync
 
     def _append_chunk(self, p: int, chunk: EncodedChunk, ts_col: str | None,
@@ -314,7 +313,7 @@ class Topic:
                                   f"got {n!r}")
         st = self.log.publish_retrying(
             lambda st: PartitionsEntry(max(st.last_ts, now_ms()), st.partitions + n))
-        os.makedirs(partitions_dir(self.store.root, self.name), exist_ok=True)
+        self.store.pointer_dir(self.name, self.id)  # made if missing
         return st.partitions
 
     def set_position(self, group: str, offsets: Mapping[int | str, int]) -> None:

@@ -24,6 +24,7 @@ from tier_store import (
     Store,
     StoreNotFound,
     relocate_tier,
+    root_location,
     tier_key,
 )
 
@@ -46,11 +47,12 @@ def open_store(root: str, config: dict[str, str] | None = None,
                cls: type[Store] = Store) -> Store:
     """Open the existing store at ``root``; never create one."""
     check_root(root)
-    path = os.path.abspath(root)
+    path = root_location(root)  # an absolute directory or an s3:// URL; other schemes refused
     try:
         return cls.open(path, config, create=False)
     except StoreNotFound:
-        pass
+        if path.startswith("s3://"):
+            raise
     except NotADirectoryError:
         if os.path.isdir(path):
             raise  # a path inside the store, not the root: its own error names it

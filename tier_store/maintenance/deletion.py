@@ -17,7 +17,10 @@ A topic is deleted in ordered, crash-safe steps (each rename is atomic):
    exists, with its data gone: a crash here leaves a topic whose reads fail as data loss,
    and deleting it again finishes the job.
 2. The topic's directory under the root (its commit log, pointers and locks) is renamed to
-   ``<root>/_deleted/<topic>.<id>``: from here the topic does not exist, and a topic created
+   ``<root>/_deleted/<topic>.<id>``; on an object root (``s3://``) its ``_topic.json`` is
+   deleted, then its incarnation's log objects, then this host's pointers and locks
+   (:meth:`~tier_store.ownership.RootFiles.delete_topic_log`). From here the topic does not
+   exist, and a topic created
    under its name is a new incarnation, with a new id. Handles on the old one fail
    (:class:`~tier_store.errors.TopicDeleted`), commits of chunks written to it are refused,
    and a streaming query whose offsets name it stops with a clear error.
@@ -30,15 +33,15 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import uuid
 from typing import TYPE_CHECKING, Protocol
 
-from ..layout import DELETED_DIR, fsync_dir, is_topic, makedirs_durable, topic_dir
+from ..layout import DELETED_DIR, bury
 from ..pins import MAPS
 from .garbage import release_file
 
 if TYPE_CHECKING:
+    from ..ownership import RootFiles
     from ..tiers import Tier
     from ..topic import Topic
 
@@ -50,26 +53,16 @@ class DeletionHost(Protocol):
 
     root: str
     tiers: list[Tier]
+    files: RootFiles
 
     def topic(self, name: str) -> Topic:
         """The handle of an existing topic; TopicNotFound lists the topics."""
 
-    def forget_topic(self, name: str) -> None:
+    def forget_topic(self, name: str, incarnation: str = "") -> None:
         """Close the cached handle on topic ``name`` and its cached lock files."""
 
     def claim_remote(self, tier: Tier) -> None:
         """Make sure remote ``tier`` is this store's before deleting files there."""
-
-
-def _bury(path: str, graves: str, name: str) -> None:
-    """Rename ``path`` to ``graves/name`` (a fresh name if that one is taken), durably."""
-    makedirs_durable(graves)
-    target = os.path.join(graves, name)
-    while os.path.lexists(target):
-        target = os.path.join(graves, f"{name}.{uuid.uuid4().hex[:8]}")
-    os.rename(path, target)
-    fsync_dir(os.path.dirname(path))
-    fsync_dir(graves)
 
 
 def _bury_strays(store: DeletionHost, tier_dir: str, graves: str) -> None:
@@ -83,11 +76,11 @@ def _bury_strays(store: DeletionHost, tier_dir: str, graves: str) -> None:
     for n in names:
         d = os.path.join(tier_dir, n)
         if n.startswith(("_", ".")) or not os.path.isdir(d) or os.path.islink(d) or \
-                is_topic(store.root, n):
+                store.files.is_topic(n):
             continue
         log.info("tier %s: %s belongs to no topic (left by a writer of a deleted topic); "
                  "reclaiming it", tier_dir, n)
-        _bury(d, graves, f"{n}.stray-{uuid.uuid4().hex[:8]}")
+        bury(d, graves, f"{n}.stray-{uuid.uuid4().hex[:8]}")
 
 
 def delete_topic(store: DeletionHost, name: str) -> int:
@@ -102,9 +95,9 @@ def delete_topic(store: DeletionHost, name: str) -> int:
             continue
         d = os.path.join(tier.path, name)
         if os.path.isdir(d) and not os.path.islink(d):
-            _bury(d, os.path.join(tier.path, DELETED_DIR), grave)
-    store.forget_topic(name)
-    _bury(topic_dir(store.root, name), os.path.join(store.root, DELETED_DIR), grave)
+            bury(d, os.path.join(tier.path, DELETED_DIR), grave)
+    store.forget_topic(name, topic.id)
+    store.files.delete_topic_log(name, topic.id)
     log.info("deleted topic %s (id %s) of the store at %s", name, topic.id or "none",
              store.root)
     # This process's own cached mappings of the topic pin its files: drop them.
@@ -115,10 +108,7 @@ def delete_topic(store: DeletionHost, name: str) -> int:
 def reclaim_deleted(store: DeletionHost) -> int:
     """Reclaim what deleted topics left: their logs, and their segment files that no reader
     pins. Returns how many files are still pinned (left for the next pass)."""
-    graves = os.path.join(store.root, DELETED_DIR)
-    if os.path.isdir(graves):
-        for g in os.listdir(graves):
-            shutil.rmtree(os.path.join(graves, g), ignore_errors=True)
+    store.files.reclaim_deleted()
     pinned = 0
     for tier in store.tiers:
         if not tier.local:

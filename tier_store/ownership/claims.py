@@ -15,12 +15,14 @@ import logging
 import os
 import posixpath
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import TierSpec
-from ..errors import ConfigError
+from ..errors import ConfigError, CorruptState
 from ..layout import (
+    HOST_DIR,
     POOL_DIR,
     STORE_FILE,
     TIER_OWNER,
@@ -30,7 +32,8 @@ from ..layout import (
     is_url,
     write_atomic,
 )
-from .saved import inside, read_saved
+from .roots import read_saved_at
+from .saved import inside
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +80,16 @@ class LocalClaim:
         fsync_dir(self.path)
 
     def holds_data(self) -> bool:
-        """Anything but the pool and the claim: topics' segments."""
-        return any(n not in (TIER_OWNER, POOL_DIR) and not n.startswith(TMP_PREFIX)
+        """Anything but the pool, the claim and a host directory: topics' segments."""
+        return any(n not in (TIER_OWNER, POOL_DIR, HOST_DIR) and not n.startswith(TMP_PREFIX)
                    for n in os.listdir(self.path))
 
 
 class RemoteClaim:
-    """A claim object on an fsspec filesystem. Object stores have no exclusive create: a
-    new claim is written and read back, which catches all but a near-simultaneous race."""
+    """A claim object on an fsspec filesystem: created with a conditional put where the
+    filesystem has one (S3: ``If-None-Match``; a 412 answer is a claim that exists, however
+    the filesystem translates it), else written and read back, which catches all but a
+    near-simultaneous race."""
 
     def __init__(self, number: int, fs: Any, base: str, url: str):
         self.fs, self.base = fs, base
@@ -98,13 +103,25 @@ class RemoteClaim:
             return None
 
     def create(self, data: bytes) -> bool:
-        try:
-            self.fs.pipe_file(self.marker, data, mode="create")
-        except FileExistsError:
-            return False
-        except (TypeError, NotImplementedError, ValueError):
-            # No exclusive create on this filesystem: write, then read back.
-            self.fs.pipe_file(self.marker, data)
+        for attempt in range(8):
+            try:
+                self.fs.pipe_file(self.marker, data, mode="create")
+            except FileExistsError:
+                return False
+            except (TypeError, NotImplementedError, ValueError):
+                # No exclusive create on this filesystem: write, then read back.
+                self.fs.pipe_file(self.marker, data)
+            except OSError as e:
+                # s3fs turns a 412 into FileExistsError only when the server names the
+                # failed condition (radosgw does not): the status code decides.
+                status = http_status(e)
+                if status == 412:
+                    return False
+                if status == 409 and attempt < 7:  # a concurrent conditional put: again
+                    time.sleep(0.05 * 2 ** attempt)
+                    continue
+                raise
+            return self.read() == data
         return self.read() == data
 
     def replace(self, data: bytes) -> None:
@@ -125,6 +142,21 @@ class RemoteClaim:
                    for n in self.fs.ls(self.base, detail=False))
 
 
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status of the botocore answer behind ``error`` (or its causes), if any."""
+    seen: BaseException | None = error
+    for _ in range(5):
+        if seen is None:
+            return None
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def claim_of(number: int, path: str) -> Claim:
     """The claim of tier ``number`` at ``path`` (a local directory or an fsspec URL)."""
     if not is_url(path):
@@ -138,13 +170,14 @@ def claim_of(number: int, path: str) -> Claim:
 
 
 def owner_store(root: str) -> dict[str, Any] | None:
-    """The saved configuration of the store at ``root``; None if there is no store there.
-    A store that is there but cannot be read is :class:`ConfigError`: it is not gone."""
+    """The saved configuration of the store at ``root`` (a directory or an object root);
+    None if there is no store there. A store that is there but cannot be read is
+    :class:`ConfigError`: it is not gone."""
     try:
-        return read_saved(root)
+        return read_saved_at(root)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except (OSError, ConfigError) as e:
+    except (OSError, ConfigError, CorruptState) as e:
         raise ConfigError(f"cannot tell whether the store at {root} still exists: {e}") \
             from None
 
@@ -199,6 +232,8 @@ def same_store(owner: Owner, root: str, store_id: str) -> bool:
         return False
     if owner.root == root:
         return True
+    if is_url(owner.root) or is_url(root):
+        return owner.root.rstrip("/") == root.rstrip("/")  # an object root has one name
     try:
         return os.path.samefile(os.path.join(owner.root, STORE_FILE),
                                 os.path.join(root, STORE_FILE))
@@ -312,6 +347,8 @@ def enclosing_owner(path: str, root: str, store_id: str) -> str | None:
 def outside_root(root: str, specs: list[TierSpec]) -> list[TierSpec]:
     """The local tiers whose directories lie outside ``root`` (symlinks resolved: a symlink
     in the root to a PMem mount is copied by ``cp -r`` as a symlink)."""
+    if is_url(root):
+        return [s for s in specs if not is_url(s.path)]
     real_root = os.path.realpath(root)
     return [s for s in specs
             if not is_url(s.path) and not inside(real_root, os.path.realpath(s.path))]
@@ -321,7 +358,7 @@ def check_apart(root: str, store_id: str, specs: list[TierSpec]) -> None:
     """Refuse tiers outside ``root`` that lie in another store (its root or a tier of it).
     Checked where a tier is chosen (a new store, a relocation), not on every open: a store
     made later around an older one's tier must not lock the older one out."""
-    real_root = os.path.realpath(root)
+    real_root = root if is_url(root) else os.path.realpath(root)
     for spec in outside_root(root, specs):
         owner = enclosing_owner(os.path.realpath(spec.path), real_root, store_id)
         if owner is not None:

@@ -4,7 +4,8 @@
 under ``_tiers.lock`` held exclusively; every commit-log entry is published holding it
 shared. So an entry is published either before a relocation starts (and the relocation's
 check sees it) or after it ends (and this fence refuses it when the data it names was
-written under an older count), whichever process commits it.
+written under an older count), whichever process commits it. The lock orders one host's
+processes: a store whose root is shared by hosts (an object store) is never relocated.
 """
 
 from __future__ import annotations
@@ -43,7 +44,18 @@ class RelocationFence:
         data it names (``tiers``: (tier number, relocation count it was written under))
         was written to a tier relocated since."""
         with self.files.lock(TIERS_LOCK, shared=True):
+            # A root shared by hosts refuses relocations (relocate.py says why): its counts
+            # never change, so the counts this handle opened with stand for the saved ones,
+            # and a commit saves the listing of _store.json's versions.
             for number, written in tiers:
+                if self.files.shared:
+                    if written != self.opened[number - 1]:
+                        raise TierRelocated(
+                            f"data written to tier {number} names relocation count {written}, "
+                            f"but the store at {self.files.root} has "
+                            f"{self.opened[number - 1]} (a shared root is never relocated): "
+                            "write it again through this store")
+                    continue
                 now, path = self.saved()[number - 1]
                 if written != now:
                     raise TierRelocated(
@@ -57,8 +69,8 @@ class RelocationFence:
         only when the file changed."""
         stamp = self.files.stamp(STORE_FILE)
         if stamp is None or stamp != self._stamp or self._saved is None:
-            saved = decode_saved(self.files.read(STORE_FILE), self.files.root) \
-                if stamp is not None else None
+            saved = decode_saved(self.files.read(STORE_FILE), self.files.root,
+                                 self.files.where(STORE_FILE)) if stamp is not None else None
             if saved is None:
                 raise ConfigError(f"{self.files.root}/{STORE_FILE} is gone: the store was "
                                   "deleted while this process had it open")

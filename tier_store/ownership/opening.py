@@ -23,13 +23,12 @@ from ..layout import (
     STORE_LOCK,
     TIER_OWNER,
     is_url,
-    log_dir,
     makedirs_durable,
-    topic_names,
 )
 from ..tiers import NO_SPACE, Tier, make_tier
 from .claims import check_apart, claim_local_tiers
 from .rootfiles import RootFiles
+from .roots import check_object_tiers
 from .saved import FORMAT, decode_saved, encode_saved, inside, relocations, tier_overlap
 
 log = logging.getLogger(__name__)
@@ -50,38 +49,42 @@ def open_root(files: RootFiles, given: Mapping[str, Any], create: bool) -> Opene
     resolved); create it first unless it exists or ``create`` is False
     (:class:`StoreNotFound`)."""
     root = files.root
-    if not create and files.read(STORE_FILE) is None:
-        why = "" if os.path.isdir(root) else (
-            ": the directory does not exist" if not os.path.lexists(root) else
-            ": it is not a directory")
-        raise StoreNotFound(f"no pafka store at {root} (no {STORE_FILE}{why}); check the path, "
-                            "or create the store by writing to it")
+    if (not create or is_url(root)) and files.read(STORE_FILE) is None:
+        if not create:
+            why = "" if is_url(root) or os.path.isdir(root) else (
+                ": the directory does not exist" if not os.path.lexists(root) else
+                ": it is not a directory")
+            raise StoreNotFound(f"no pafka store at {root} (no {STORE_FILE}{why}); check the "
+                                "path, or create the store by writing to it")
+        if is_url(root):
+            check_object_tiers(root, given, StoreConfig(dict(given)).tiers(root))
     files.make_root()
     # Shared against a resize, which saves a new size and changes the pool under the
     # exclusive lock: an open never completes a pool to a size read before that.
     with files.lock(STORE_LOCK, shared=True):
-        saved = decode_saved(files.read(STORE_FILE), root)
+        saved = decode_saved(files.read(STORE_FILE), root, files.where(STORE_FILE))
         if saved is not None:
-            return _open_saved(root, saved, given)
+            return _open_saved(files, saved, given)
     with files.lock(STORE_LOCK):
         if files.read(STORE_FILE) is None:
             _create(files, root, StoreConfig(dict(given)))
     with files.lock(STORE_LOCK, shared=True):
-        saved = decode_saved(files.read(STORE_FILE), root)
+        saved = decode_saved(files.read(STORE_FILE), root, files.where(STORE_FILE))
         if saved is None:
             raise ConfigError(f"{root}/{STORE_FILE} vanished while the store was opened")
-        return _open_saved(root, saved, given)
+        return _open_saved(files, saved, given)
 
 
-def _open_saved(root: str, saved: dict[str, Any], given: Mapping[str, Any]) -> Opened:
+def _open_saved(files: RootFiles, saved: dict[str, Any], given: Mapping[str, Any]) -> Opened:
     """Check ``given`` against the store's saved configuration and its tiers, claim and
     prepare them. Under the shared lock."""
+    root = files.root
     store_id = saved["id"]
     base = StoreConfig(parse_config(saved["config"]))
     _check_layout(root, base, given, saved["layout"])
     effective = base.with_overrides(given)
     specs = effective.tiers(root)
-    _check_tier_dirs(root, store_id, specs)
+    _check_tier_dirs(files, store_id, specs)
     claim_local_tiers(root, store_id, specs)
     tiers = [make_tier(spec, effective) for spec in specs]
     for t in tiers:
@@ -113,7 +116,7 @@ def _create(files: RootFiles, root: str, config: StoreConfig) -> None:
             if not is_url(spec.path):
                 makedirs_durable(spec.path)
         claim_local_tiers(root, store_id, specs)
-        saved = {"format": FORMAT, "id": store_id, "config": config.explicit(),
+        saved = {"format": FORMAT, "id": store_id, "config": config.saved(),
                  "layout": config.layout(root)}
         created = files.create(STORE_FILE, encode_saved(root, saved))
     except OSError as e:
@@ -123,16 +126,21 @@ def _create(files: RootFiles, root: str, config: StoreConfig) -> None:
         raise StoreFull(f"the store at {root} cannot be created: a filesystem it needs is "
                         f"full ({e.strerror}); free space on the one holding {where} and try "
                         "again") from None
-    if not created:
+    if not created and files.shared:
+        # Another host created the store meanwhile (its lock is not this host's): this open
+        # opens that one, and its claims replace the ones made here for the lost one.
+        log.info("the store at %s was created by another host meanwhile; opening it", root)
+    elif not created:
         raise ConfigError(f"{root}/{STORE_FILE} appeared while the store was being created "
                           "under its lock: was it written by hand?")
 
 
 def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
     """A new store's tiers are each a place of their own, apart from the root's own files."""
-    real_root = os.path.realpath(root)
+    real_root = root if is_url(root) else os.path.realpath(root)
     for i, spec in enumerate(specs):
-        if not is_url(spec.path) and inside(os.path.realpath(spec.path), real_root):
+        if not is_url(spec.path) and not is_url(root) and \
+                inside(os.path.realpath(spec.path), real_root):
             raise ConfigError(f"storage.tiers.{spec.number}.paths={spec.path} is the store's "
                               f"root {root} or holds it; a tier needs a directory of its own")
         for other in specs[:i]:
@@ -143,17 +151,18 @@ def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
                     "own")
 
 
-def _check_tier_dirs(root: str, store_id: str, specs: list[TierSpec]) -> None:
+def _check_tier_dirs(files: RootFiles, store_id: str, specs: list[TierSpec]) -> None:
     """An existing store's local tier directories are the ones it was made with: made (and
     claimed, outside the root) before its _store.json was saved, a missing or unclaimed
     one was moved, lost or is an unmounted mount point. Writing there would put new
     segments where none of the old ones are, and split the tier. A missing one in the root
     that no segment is on (a release that saved _store.json first) is made."""
-    real_root = os.path.realpath(root)
+    root = files.root
     for spec in specs:
         if is_url(spec.path):
             continue
-        outside = not inside(real_root, os.path.realpath(spec.path))
+        outside = is_url(root) or not inside(os.path.realpath(root),
+                                             os.path.realpath(spec.path))
         hint = f"`pafka relocate {root} {spec.number} DIR`"
         if os.path.isdir(spec.path):
             if not outside or os.path.lexists(os.path.join(spec.path, TIER_OWNER)):
@@ -161,7 +170,7 @@ def _check_tier_dirs(root: str, store_id: str, specs: list[TierSpec]) -> None:
             what = (f"has no {TIER_OWNER}: it is not the directory the tier was made in (an "
                     "unmounted mount point, or a directory made anew). If it is, record it "
                     f"with {hint} naming it")
-        elif not outside and not _has_segments(root, spec.number):
+        elif not outside and not _has_segments(files, spec.number):
             makedirs_durable(spec.path)
             continue
         else:
@@ -175,10 +184,10 @@ def _check_tier_dirs(root: str, store_id: str, specs: list[TierSpec]) -> None:
             "then fail as data loss)")
 
 
-def _has_segments(root: str, number: int) -> bool:
+def _has_segments(files: RootFiles, number: int) -> bool:
     """Whether a committed segment of any topic is on tier ``number``."""
-    return any(s.tier == number for name in topic_names(root)
-               for s in CommitLog(log_dir(root, name), name).load().segments.values())
+    return any(s.tier == number for name in files.topic_names()
+               for s in CommitLog.on(files.topic_log(name)).load().segments.values())
 
 
 def _check_layout(root: str, saved: StoreConfig, given: Mapping[str, Any],

@@ -30,8 +30,6 @@ from ..layout import (
     file_lock,
     is_topic,
     is_url,
-    log_dir,
-    topic_names,
     write_atomic,
 )
 from ..reading import read_range
@@ -47,6 +45,7 @@ from .claims import (
     read_owner,
     same_store,
 )
+from .rootfiles import PosixRootFiles
 from .saved import inside, portable, read_saved, relocations, resolve_path, tier_overlap
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,19 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
     Commits and moves wait while it runs; afterwards those of data written to the tier's old
     place are refused (:meth:`Store.publishing`), and the writer must open the store again.
     Stop the store's writers and migration service first.
+
+    A store whose root is on an object store (``s3://``) is refused: the relocation fence
+    is a lock of one host, so a commit from another host could publish data written to the
+    tier's old place after the check; and its tiers are each host's own directories, which
+    one saved path cannot name for every host.
     """
+    if is_url(os.fspath(root)):
+        raise ConfigError(f"the store at {os.fspath(root)} is on an object store, shared by "
+                          "hosts: its tiers cannot be relocated (the relocation fence orders "
+                          "one host's commits only). Copy the tier back where the store "
+                          "expects it")
     root = os.path.abspath(os.fspath(root))
+    files = PosixRootFiles(root)
     if not os.path.isfile(os.path.join(root, STORE_FILE)):
         raise StoreNotFound(f"no store at {root} (no {STORE_FILE})")
     with file_lock(os.path.join(root, STORE_LOCK)), file_lock(os.path.join(root, TIERS_LOCK)):
@@ -117,17 +127,17 @@ def relocate_tier(root: str | os.PathLike[str], number: int, path: str,
                 raise ConfigError(f"{new} overlaps the store's tier {n + 1} ({p}); a tier "
                                   "needs a place of its own")
         tier = make_tier(replace(spec, path=new), config)
-        states = _states(root)
+        states = _states(files)
         versions = {name: st.version for name, st in states.items()}
         segments, total = _check_segments(number, tier, states, progress)
         for name, st in states.items():
-            now = CommitLog(log_dir(root, name), name).refresh(st).version  # updates st
+            now = CommitLog.on(files.topic_log(name)).refresh(st).version  # updates st
             if now != versions[name]:
                 raise ConfigError(
                     f"topic {name!r} committed while tier {number} was being checked "
                     f"(version {versions[name]} -> {now}): stop the store's writers and "
                     "migration service, then relocate; nothing changed")
-        created = sorted(set(topic_names(root)) - set(states))
+        created = sorted(set(files.topic_names()) - set(states))
         if created:
             raise ConfigError(
                 f"topic {created[0]!r} was created while tier {number} was being checked: stop "
@@ -177,8 +187,8 @@ def _check_new_dir(root: str, store_id: str, number: int, new: str, old: str
                           "directory of its own")
 
 
-def _states(root: str) -> dict[str, TopicState]:
-    return {name: CommitLog(log_dir(root, name), name).load() for name in topic_names(root)}
+def _states(files: PosixRootFiles) -> dict[str, TopicState]:
+    return {name: CommitLog.on(files.topic_log(name)).load() for name in files.topic_names()}
 
 
 def _last_chunks(rows: np.ndarray) -> dict[int, np.void]:

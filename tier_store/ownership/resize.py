@@ -11,12 +11,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config import LAYOUT_KEYS, canonical_key, parse_config
+from ..config import LAYOUT_KEYS, OPEN_KEYS, canonical_key, parse_config
 from ..entries import CreateEntry, schema_to_text
 from ..errors import ConfigError, InvalidArgument
 from ..layout import STORE_FILE, STORE_LOCK, check_topic_name
 from ..tiers import Tier
-from .rootfiles import RootFiles
+from .rootfiles import RootFiles, update
 from .saved import decode_saved, encode_saved, jsonable
 
 log = logging.getLogger(__name__)
@@ -26,20 +26,29 @@ def resize_tier(files: RootFiles, tier: Tier, size: int | str,
                 progress: Callable[[int], None] | None) -> tuple[str, int, int]:
     """Save ``size`` as ``tier``'s capacity in ``_store.json`` and resize it (a pool
     follows); returns (the size key, the new size, the change in pool files). Under the
-    store's exclusive lock, so an open never sees half of it."""
+    store's exclusive lock, so an open never sees half of it.
+
+    On a root shared by hosts (an object store) it works too: the size is one figure of
+    the store, saved by a conditional put merged into whatever another host saved
+    meanwhile; this host's pool follows now, and each other host's when a process there
+    opens the store again (an open completes or trims the pool to the saved size). The
+    lock orders this host's opens only, which is all a pool, local to its host, needs."""
     key = canonical_key(f"storage.tiers.{tier.number}.sizes")
     new = parse_config({key: size})[key]
     if tier.is_remote and new:
         raise ConfigError(f"{key}={size}: tier {tier.number} is REMOTE, which has no capacity "
                           "(0, unbounded)")
-    with files.lock(STORE_LOCK):
-        saved = decode_saved(files.read(STORE_FILE), files.root)
+
+    def resized(raw: bytes | None) -> bytes:
+        saved = decode_saved(raw, files.root, files.where(STORE_FILE))
         if saved is None:
             raise ConfigError(f"{files.root}/{STORE_FILE} is gone")
         saved["config"][key] = new
-        changed = tier.resize(new, lambda: files.replace(STORE_FILE,
-                                                         encode_saved(files.root, saved)),
-                              progress)
+        return encode_saved(files.root, saved)
+
+    with files.lock(STORE_LOCK):
+        resized(files.read(STORE_FILE))  # the store is there, its file sound: before the pool
+        changed = tier.resize(new, lambda: update(files, STORE_FILE, resized), progress)
     log.info("store %s: tier %d resized to %d bytes", files.root, tier.number, new)
     return key, new, changed
 
@@ -57,10 +66,10 @@ def create_entry(name: str, schema: Any, partitions: Any,
         raise InvalidArgument(f"partitions of topic {name!r} must be a positive integer, "
                               f"got {partitions!r}")
     topic_conf = parse_config(config)
-    fixed = [k for k in topic_conf if k in LAYOUT_KEYS]
+    fixed = [k for k in topic_conf if k in LAYOUT_KEYS or k in OPEN_KEYS]
     if fixed:
         raise ConfigError(f"{', '.join(fixed)} cannot be set per topic: it is part of the "
-                          "store's layout")
+                          "store's layout, or of how this host opens the store")
     return CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
                        {k: jsonable(v) for k, v in topic_conf.items()}, uuid.uuid4().hex)
 

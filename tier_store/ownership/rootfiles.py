@@ -19,13 +19,28 @@ Contract:
   old or the new content, a crash leaves one of them.
 * ``stamp(name)`` changes whenever the file is created or replaced (None if there is none):
   a cached parse is reused while it is the same.
+* ``replace_if(name, data, stamp)`` replaces the content iff ``stamp(name)`` still is
+  ``stamp`` (None: creates it iff absent), atomically against every other writer (of any
+  process, on any host the root is shared with): True if it did. Read-modify-write
+  callers (merging counters, saving a resize) loop on it.
+* ``where(name)`` names the file (path or URL of its current version), for messages.
 * ``lock(name, shared)`` holds a lock across processes of this host until the context
-  exits (exclusive unless ``shared``); the holder's death releases it.
+  exits (exclusive unless ``shared``); the holder's death releases it. It orders this
+  host's processes only: on a root shared by hosts, ``replace_if`` orders the rest.
 * ``topic_names()`` lists the topics (those whose commit log has begun), sorted;
   ``is_topic(name)`` says whether one is.
 * ``topic_log(name)`` is the :class:`~tier_store.logstore.LogStore` of a topic's commit log;
-  ``new_topic_log(name)`` prepares a new topic's place first (durably), so that entry 0 can
-  be published into it.
+  ``new_topic_log(name, incarnation)`` prepares a new topic's place first (durably), so that
+  entry 0 can be published into it, and returns its log with the incarnation it belongs
+  to (another one when a creation that crashed before entry 0 left its place: entry 0
+  then names that one).
+* ``delete_topic_log(name, incarnation)`` deletes the topic's commit log: from its first
+  step the topic does not exist (handles on it fail with TopicDeleted).
+  ``reclaim_deleted()`` reclaims what deletions left.
+* ``partitions_dir(name, incarnation)`` is the local directory of the topic's partition
+  pointers and locks on this host (made if missing).
+* ``shared``: whether other hosts write the root too (an object store): a lost ``create``
+  of ``_store.json`` is then another host's store, not a file written by hand.
 """
 
 from __future__ import annotations
@@ -33,12 +48,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-from ..errors import CorruptState, InvalidArgument
+from ..errors import ConfigError, CorruptState, InvalidArgument
 from ..layout import (
+    DELETED_DIR,
+    bury,
     check_topic_name,
     create_exclusive,
     file_lock,
@@ -46,6 +65,7 @@ from ..layout import (
     log_dir,
     makedirs_durable,
     partitions_dir,
+    topic_dir,
     topic_names,
     write_atomic,
 )
@@ -56,6 +76,7 @@ class RootFiles(ABC):
     """A store root's own files and locks (see the module docstring for the contract)."""
 
     root: str
+    shared: bool = False
 
     @abstractmethod
     def read(self, name: str) -> bytes | None: ...
@@ -67,7 +88,13 @@ class RootFiles(ABC):
     def replace(self, name: str, data: bytes) -> None: ...
 
     @abstractmethod
+    def replace_if(self, name: str, data: bytes, stamp: Hashable | None) -> bool: ...
+
+    @abstractmethod
     def stamp(self, name: str) -> Hashable | None: ...
+
+    @abstractmethod
+    def where(self, name: str) -> str: ...
 
     @abstractmethod
     def lock(self, name: str, shared: bool = False) -> contextlib.AbstractContextManager[None]:
@@ -83,7 +110,21 @@ class RootFiles(ABC):
     def topic_log(self, name: str) -> LogStore: ...
 
     @abstractmethod
-    def new_topic_log(self, name: str) -> LogStore: ...
+    def new_topic_log(self, name: str, incarnation: str) -> tuple[LogStore, str]: ...
+
+    @abstractmethod
+    def delete_topic_log(self, name: str, incarnation: str) -> None: ...
+
+    @abstractmethod
+    def reclaim_deleted(self) -> None: ...
+
+    @abstractmethod
+    def partitions_dir(self, name: str, incarnation: str) -> str: ...
+
+    @abstractmethod
+    def incarnation(self, name: str) -> str | None:
+        """The incarnation the root names for topic ``name`` now ("" where the root does not
+        track them), None if there is none."""
 
     @abstractmethod
     def make_root(self) -> None:
@@ -116,6 +157,20 @@ class PosixRootFiles(RootFiles):
     def replace(self, name: str, data: bytes) -> None:
         write_atomic(self._path(name), data)
 
+    def replace_if(self, name: str, data: bytes, stamp: Hashable | None) -> bool:
+        # A lock of its own: callers may hold the store's locks already (a second flock of
+        # the same file from this process would wait for itself).
+        with file_lock(self._path(name) + ".lock"):
+            if self.stamp(name) != stamp:
+                return False
+            if stamp is None:
+                return self.create(name, data)
+            self.replace(name, data)
+            return True
+
+    def where(self, name: str) -> str:
+        return self._path(name)
+
     def stamp(self, name: str) -> Hashable | None:
         try:
             st = os.stat(self._path(name))
@@ -130,7 +185,7 @@ class PosixRootFiles(RootFiles):
 
     def topic_names(self) -> list[str]:
         # A directory whose name no topic can have (made by hand) is not one of them.
-        return [n for n in topic_names(self.root) if _valid_topic_name(n)]
+        return [n for n in topic_names(self.root) if valid_topic_name(n)]
 
     def is_topic(self, name: str) -> bool:
         return is_topic(self.root, name)
@@ -138,18 +193,35 @@ class PosixRootFiles(RootFiles):
     def topic_log(self, name: str) -> LogStore:
         return PosixLogStore(log_dir(self.root, name), name)
 
-    def new_topic_log(self, name: str) -> LogStore:
+    def new_topic_log(self, name: str, incarnation: str) -> tuple[LogStore, str]:
         # <topic>/ in the root and _log/, _partitions/ in <topic>/: all durable before the
         # create entry can be.
         makedirs_durable(log_dir(self.root, name))
         makedirs_durable(partitions_dir(self.root, name))
-        return self.topic_log(name)
+        return self.topic_log(name), incarnation
+
+    def delete_topic_log(self, name: str, incarnation: str) -> None:
+        # One rename: from then on the name leads nowhere (handles see another inode).
+        bury(topic_dir(self.root, name), os.path.join(self.root, DELETED_DIR),
+             f"{name}.{incarnation or uuid.uuid4().hex}")
+
+    def reclaim_deleted(self) -> None:
+        graves = os.path.join(self.root, DELETED_DIR)
+        if os.path.isdir(graves):
+            for g in os.listdir(graves):
+                shutil.rmtree(os.path.join(graves, g), ignore_errors=True)
+
+    def partitions_dir(self, name: str, incarnation: str) -> str:
+        return partitions_dir(self.root, name)
+
+    def incarnation(self, name: str) -> str | None:
+        return "" if self.is_topic(name) else None
 
     def make_root(self) -> None:
         makedirs_durable(self.root)
 
 
-def _valid_topic_name(name: str) -> bool:
+def valid_topic_name(name: str) -> bool:
     try:
         check_topic_name(name)
     except InvalidArgument:
@@ -157,13 +229,30 @@ def _valid_topic_name(name: str) -> bool:
     return True
 
 
+def update(files: RootFiles, name: str, change: Callable[[bytes | None], bytes],
+           attempts: int = 100) -> bytes:
+    """Replace file ``name`` by ``change(its content)``, optimistically: read, change, and
+    :meth:`RootFiles.replace_if` the content read is still current; else read again and
+    change that. Returns what was written."""
+    for _ in range(attempts):
+        stamp = files.stamp(name)  # before the read: a newer content then fails the put
+        data = change(files.read(name))
+        if files.replace_if(name, data, stamp):
+            return data
+    raise ConfigError(f"{files.where(name)}: {attempts} other writers replaced it first in a "
+                      "row; giving up")
+
+
 def read_json_object(files: RootFiles, name: str, fix: str) -> dict[str, Any]:
     """File ``name`` of the root as a JSON object ({} if there is none); a damaged one is
     :class:`CorruptState` naming it and ``fix``."""
     raw = files.read(name)
-    if raw is None:
-        return {}
-    where = os.path.join(files.root, name)
+    return {} if raw is None else json_object(raw, files.where(name), fix)
+
+
+def json_object(raw: bytes, where: str, fix: str) -> dict[str, Any]:
+    """``raw`` (the content of ``where``) as a JSON object; :class:`CorruptState` naming
+    ``where`` and ``fix`` if it is not one."""
     try:
         data = json.loads(raw)
     except ValueError as e:
@@ -173,4 +262,5 @@ def read_json_object(files: RootFiles, name: str, fix: str) -> dict[str, Any]:
     return data
 
 
-__all__ = ["PosixRootFiles", "RootFiles", "read_json_object"]
+__all__ = ["PosixRootFiles", "RootFiles", "json_object", "read_json_object", "update",
+           "valid_topic_name"]

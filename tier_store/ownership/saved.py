@@ -108,11 +108,13 @@ def read_saved(root: str) -> dict[str, Any] | None:
     return decode_saved(PosixRootFiles(root).read(STORE_FILE), root)
 
 
-def decode_saved(raw: bytes | None, root: str) -> dict[str, Any] | None:
-    """``_store.json``'s content ``raw`` checked and decoded (see :func:`read_saved`)."""
+def decode_saved(raw: bytes | None, root: str, where: str | None = None
+                 ) -> dict[str, Any] | None:
+    """``_store.json``'s content ``raw`` checked and decoded (see :func:`read_saved`);
+    ``where`` names it in errors (default: ``<root>/_store.json``)."""
     if raw is None:
         return None
-    path = os.path.join(root, STORE_FILE)
+    path = where or os.path.join(root, STORE_FILE)
     try:
         saved = json.loads(raw)
     except ValueError as e:  # UnicodeDecodeError included
@@ -125,6 +127,16 @@ def decode_saved(raw: bytes | None, root: str) -> dict[str, Any] | None:
         raise ConfigError(f"{path} is damaged: expected a JSON object with format, id, config "
                           f"and layout, the layout with a tier.paths array; {found}")
     layout = saved["layout"]
+    if is_url(root):
+        # An object root holds no tier: every local path in it was saved absolute.
+        relative = [v for k, v in [*saved["config"].items(),
+                                   *(("storage.tiers.1.paths", p) for p in layout["tier.paths"])]
+                    if _is_path_key(k) and isinstance(v, str) and v and not is_url(v)
+                    and not os.path.isabs(v)]
+        if relative:
+            raise ConfigError(f"{path} is damaged: the tier path {relative[0]!r} is relative, "
+                              "and a store on an object store keeps its tiers elsewhere")
+        return saved
     escaping = [v for k, v in [*saved["config"].items(),
                                *(("storage.tiers.1.paths", p) for p in layout["tier.paths"])]
                 if _is_path_key(k) and isinstance(v, str) and v and not is_url(v)
@@ -147,6 +159,8 @@ def encode_saved(root: str, saved: dict[str, Any]) -> bytes:
 
 def portable(root: str, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` as written to ``_store.json``: tier paths inside the root made relative."""
+    if is_url(root):
+        return {**body, "config": {k: jsonable(v) for k, v in body["config"].items()}}
     return {**body,
             "config": {k: _portable_path(root, k, jsonable(v))
                        for k, v in body["config"].items()},
