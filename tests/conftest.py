@@ -1,11 +1,16 @@
-"""Shared fixtures: real stores on real directories (tmp on disk, /dev/shm for pmem)."""
+"""Shared fixtures: real stores on real directories (tmp on disk, /dev/shm for pmem), their
+roots local or on a real S3 server (``store_root``: each test that takes it runs on both)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,18 +39,67 @@ def shm_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+class StoreRoot:
+    """Where a test's store lives: a local directory, or an ``s3://`` prefix on the test
+    server (``kind`` "local" or "s3"), with the tiers of an s3 root in ``tmp``.
+
+    ``config(extra)`` is ``extra`` plus what the root needs: an object root holds no tier, so
+    each tier the configuration names gets a local directory unless given, and the server's
+    endpoint goes in ``storage.root.options``."""
+
+    def __init__(self, kind: str, url: str, tmp: Path, options: dict[str, Any] | None = None):
+        self.kind, self.url, self.tmp, self.options = kind, url, tmp, options
+
+    def __repr__(self) -> str:
+        return f"StoreRoot({self.kind}, {self.url})"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.kind == "s3"
+
+    def config(self, extra: Mapping[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+        conf = {**(extra or {}), **more}
+        if not self.is_s3:
+            return conf
+        from tier_store import StoreConfig, load_config
+        from tier_store.config import canonical_key
+        given = {canonical_key(k) for k in conf}
+        for spec in StoreConfig(load_config(conf)).tiers(str(self.tmp / "tiers")):
+            key = f"storage.tiers.{spec.number}.paths"
+            if canonical_key(key) not in given:
+                conf[key] = spec.path
+        if self.options is not None and "storage.root.options" not in conf:
+            conf["storage.root.options"] = json.dumps(self.options)
+        return conf
+
+    def open(self, extra: Mapping[str, Any] | None = None, **more: Any):
+        """``Store.open`` of this root with :meth:`config`."""
+        from tier_store import Store
+        return Store.open(self.url, self.config(extra, **more))
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_root(request, tmp_path) -> StoreRoot:
+    """The store root of a test that runs on both kinds of root: ``tmp_path/store``, or a
+    fresh prefix on the session's S3 server (its tiers under ``tmp_path``)."""
+    if request.param == "local":
+        return StoreRoot("local", str(tmp_path / "store"), tmp_path)
+    url = request.getfixturevalue("s3_root")
+    return StoreRoot("s3", url, tmp_path, {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+
+
 @pytest.fixture
-def file_store(tmp_path):
-    from tier_store import Store
-    s = Store.open(tmp_path / "store", {"log.segment.bytes": "64k"})
+def file_store(store_root):
+    """A store of 64 KiB segments on one file tier, on each kind of root."""
+    s = store_root.open({"log.segment.bytes": "64k"})
     yield s
     s.close()
 
 
 @pytest.fixture
-def tiered_store(tmp_path, shm_dir):
-    from tier_store import Store
-    s = Store.open(tmp_path / "store", {
+def tiered_store(store_root, shm_dir):
+    """A PMEM tier of 1 MiB on /dev/shm over a disk tier, on each kind of root."""
+    s = store_root.open({
         "log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
         "storage.tiers.first.paths": shm_dir, "storage.tiers.first.sizes": "1m",
         "log.segment.bytes": "64k", "log.pmem.pool.ratio": 1.0,

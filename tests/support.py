@@ -66,6 +66,21 @@ def fill_keyed(root, topic: str, n: int, partitions: int = 2, per_append: int = 
     return s, t
 
 
+def root_listing(root: str) -> list[str]:
+    """What a store root holds: the names directly in a local root's directory, or every
+    object key under an ``s3://`` root (endpoint and keys from the AWS variables)."""
+    if root.startswith("s3://"):
+        from tier_store.objects import ObjectStore
+        return sorted(o.key for o in ObjectStore.open(root).list())
+    return sorted(os.listdir(root))
+
+
+def log_versions(topic: Topic) -> tuple[list[int], list[int]]:
+    """The entry and checkpoint versions in ``topic``'s commit log, on any kind of root."""
+    store = topic.log.commit_log.store
+    return store.versions(), store.checkpoints()
+
+
 def pafka(*args: str) -> subprocess.CompletedProcess[str]:
     """Run the ``pafka`` command installed beside the tests' Python."""
     command = os.path.join(os.path.dirname(PYTHON), "pafka")

@@ -1,5 +1,9 @@
 """Crash tests: a real writer process kills itself with SIGKILL at a named crash point; the
-store must reopen readable, with every acknowledged commit and nothing half-visible."""
+store must reopen readable, with every acknowledged commit and nothing half-visible.
+
+Each runs on a local root and on an ``s3://`` root (the commit log and checkpoints as objects
+on the S3 server, the partition pointers in the host directory). On S3 the default run covers
+every crash point with one kind of tier; the other kinds on S3 are marked ``s3_full``."""
 
 import json
 import os
@@ -15,6 +19,18 @@ from .conftest import PYTHON, ROOT, make_batch
 from .support import pmem_hdd_config
 
 N_APPENDS = 40
+
+
+KINDS = ["file", "file-direct", "pmem", "file-deferred", "pmem-deferred"]
+
+
+def _cases():
+    for point in POINTS:
+        for kind in KINDS:
+            yield pytest.param(kind, point, "local", id=f"{kind}-{point}-local")
+        for kind in KINDS:
+            marks = () if kind == "file" else (pytest.mark.s3_full,)
+            yield pytest.param(kind, point, "s3", id=f"{kind}-{point}-s3", marks=marks)
 
 
 def _conf(kind, tmp_path, shm_dir):
@@ -46,12 +62,11 @@ def _keys(topic, p, start=0):
     return [k for b in topic.read(p, start) for k in b.column("key").to_pylist()]
 
 
-@pytest.mark.parametrize("kind", ["file", "file-direct", "pmem", "file-deferred",
-                                  "pmem-deferred"])
-@pytest.mark.parametrize("point", POINTS)
-def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kind, point):
-    root, ack = tmp_path / "store", tmp_path / "ack"
-    conf = _conf(kind, tmp_path, shm_dir)
+@pytest.mark.parametrize("kind,point,store_root", list(_cases()), indirect=["store_root"])
+def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kind, point,
+                                                         store_root):
+    root, ack = store_root.url, tmp_path / "ack"
+    conf = store_root.config(_conf(kind, tmp_path, shm_dir))
     # Passes to survive first: past the first appends, and past the creation of each
     # partition's first segment (a roll with nothing to seal).
     after = {"checkpoint.write": 2, "checkpoint.pointer": 2, "segment.roll.sealed": 1,
@@ -97,9 +112,10 @@ def test_crash_at_each_point_loses_no_acknowledged_commit(tmp_path, shm_dir, kin
     assert check_topic(again).ok
 
 
-def test_a_crash_inside_a_multi_partition_write_makes_none_of_it_visible(tmp_path, shm_dir):
-    root, ack = tmp_path / "store", tmp_path / "ack"
-    conf = _conf("file", tmp_path, shm_dir)
+def test_a_crash_inside_a_multi_partition_write_makes_none_of_it_visible(tmp_path, shm_dir,
+                                                                         store_root):
+    root, ack = store_root.url, tmp_path / "ack"
+    conf = store_root.config(_conf("file", tmp_path, shm_dir))
     # Survive 5 chunk copies, die in the 6th: inside the third append's chunks (two
     # partitions per append), after some of its chunks were written.
     r = _run_writer(root, ack, conf, 10, {"PAFKA_CRASH_POINT": "chunk.copy",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,15 +49,42 @@ def checkpoint_file(root: str, topic: str, version: int) -> str:
     return os.path.join(root, topic, "_log", f"{version:020d}.checkpoint")
 
 
-def build_template(root: str) -> None:
-    """The store every case damages a copy of (see the module docstring)."""
-    s = Store.open(root, {"log.checkpoint.interval": CHECKPOINT, "log.segment.bytes": "16k"})
+def build_template(root: str, config: dict[str, Any] | None = None) -> None:
+    """The store every case damages a copy of (see the module docstring); ``config`` adds
+    keys (an s3:// root's tier paths and options)."""
+    s = Store.open(root, {**(config or {}), "log.checkpoint.interval": CHECKPOINT,
+                          "log.segment.bytes": "16k"})
     for name in ("t", "u"):
         t = s.create_topic(name, SCHEMA, partitions=1)
         for i in range(RECORDS // PER):
             t.append(make_batch(i * PER, PER), partition=0)
         assert t.version == NEWEST and t.checkpointed_version == CHECKPOINT
     s.close()
+
+
+def _template_on(store_root) -> tuple[str, str, str]:
+    """The template store at ``store_root`` (a local or an s3:// root): (its root, the
+    location of t's newest entry, of t's checkpoint) as errors name them."""
+    build_template(store_root.url, store_root.config())
+    with Store.open(store_root.url, create=False) as s:
+        log = s.topic("t").log.commit_log.store
+        return store_root.url, log.entry_location(NEWEST), log.checkpoint_location(CHECKPOINT)
+
+
+def _rewrite(location: str, change: Any) -> None:
+    """Replace the bytes of a local file, or of an object named ``s3://bucket/key`` (on the
+    server the AWS variables name), by ``change(bytes)``."""
+    if not location.startswith("s3://"):
+        with open(location, "rb") as f:
+            body = f.read()
+        with open(location, "wb") as f:
+            f.write(change(body))
+        return
+    import boto3
+    bucket, _, key = location[len("s3://"):].partition("/")
+    s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=key, Body=change(body))
 
 
 # -- the cases ------------------------------------------------------------------------------
@@ -385,17 +413,17 @@ def test_damage_to_the_newest_entry_or_the_checkpoint_is_a_corrupt_log_naming_th
     assert sum(r["open"] == "error CorruptLog" for r in rewritten) > 0.9 * len(rewritten)
 
 
-def test_a_corrupt_topic_is_reported_and_the_others_still_listed(tmp_path):
-    base = str(tmp_path)
-    template = os.path.join(base, "template")
-    build_template(template)
-    with open(entry_file(template, "t", NEWEST), "r+b") as f:
-        f.write(b"[")
+# The tests below damage one entry or checkpoint in place: on a local root's file, or by
+# overwriting the object on an s3:// root (the bulk cases above copy a local root's
+# directory per case, so they stay local).
+def test_a_corrupt_topic_is_reported_and_the_others_still_listed(store_root):
+    template, newest, _ = _template_on(store_root)
+    _rewrite(newest, lambda body: b"[" + body[1:])
     s = Store.open(template, create=False)
-    with pytest.raises(CorruptLog, match=entry_file(template, "t", NEWEST)):
+    with pytest.raises(CorruptLog, match=re.escape(newest)):
         s.topic("t")
     (report_t, report_u) = s.check()
-    assert not report_t.ok and entry_file(template, "t", NEWEST) in report_t.problems[0]
+    assert not report_t.ok and newest in report_t.problems[0]
     assert report_u.ok
     assert sum(u["segments"] for u in s.tier_usage()) == len(s.topic("u").segments())
     from pafka_source.cli.store_commands import list_topics
@@ -404,13 +432,11 @@ def test_a_corrupt_topic_is_reported_and_the_others_still_listed(tmp_path):
     assert "error" in listed[0] and listed[1]["latest"] == {0: RECORDS}
 
 
-def test_migration_skips_a_topic_whose_log_is_damaged(tmp_path):
+def test_migration_skips_a_topic_whose_log_is_damaged(store_root):
     """One damaged topic stops no other: the service plans the healthy topics' moves."""
     from migration import MigrationService
-    template = str(tmp_path / "s")
-    build_template(template)
-    with open(entry_file(template, "t", NEWEST), "r+b") as f:
-        f.write(b"[")
+    template, newest, _ = _template_on(store_root)
+    _rewrite(newest, lambda body: b"[" + body[1:])
     s = Store.open(template, create=False)
     try:
         svc = MigrationService(s)
@@ -420,18 +446,15 @@ def test_migration_skips_a_topic_whose_log_is_damaged(tmp_path):
         s.close()
 
 
-def test_pafka_check_and_topics_name_the_damaged_file(tmp_path):
-    template = str(tmp_path / "s")
-    build_template(template)
-    with open(checkpoint_file(template, "t", CHECKPOINT), "r+b") as f:
-        f.seek(100)
-        f.write(b"\xff\xff")
+def test_pafka_check_and_topics_name_the_damaged_file(store_root):
+    template, _, checkpoint = _template_on(store_root)
+    _rewrite(checkpoint, lambda body: body[:100] + b"\xff\xff" + body[102:])
     pafka = os.path.join(os.path.dirname(PYTHON), "pafka")
     for args in (["check", template], ["topics", template], ["describe", template, "t"]):
         p = subprocess.run([pafka, *args], capture_output=True, text=True, timeout=120)
         text = p.stdout + p.stderr
         assert "Traceback" not in text and "pafka -v" not in text, text
-        assert checkpoint_file(template, "t", CHECKPOINT) in text, text
+        assert checkpoint in text, text
         assert p.returncode == 1, text
         if args[0] == "topics":
             assert "u\tpartitions=1" in text and "t\tERROR" in text, text
