@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import commit_bench  # noqa: E402
 from bench_common import (  # noqa: E402
     Output,
     add_output_args,
@@ -269,8 +270,16 @@ def main() -> None:
                     metavar=("FEW", "MANY"),
                     help="commits of the two topics whose open and refresh are compared "
                          "(each 1 or more; default 1000 100000)")
+    ap.add_argument("--s3", default="auto", metavar="URL|auto|off",
+                    help="where the commit-latency rows put their s3:// roots: an s3://bucket "
+                         "URL (endpoint and keys from the AWS variables), auto (a private Ceph "
+                         "cluster from tests/s3server.py) or off (default auto)")
+    ap.add_argument("--shared-commits", type=int_range(1, 10**6), default=400,
+                    help="commits per commit-latency row (1 or more; default 400)")
     add_output_args(ap)
     args = ap.parse_args()
+    if args.s3 not in ("auto", "off") and not args.s3.startswith("s3://"):
+        ap.error(f"--s3 must be an s3:// URL, auto or off, not {args.s3!r}")
     output = Output(args)
     base = os.path.join(HERE, "data")
     os.makedirs(base, exist_ok=True)
@@ -309,9 +318,15 @@ def main() -> None:
         os.sync()
         logs[c] = bench_log(c, base)
         print(f"  {c:,} commits:", logs[c], flush=True)
+    shared = None
+    if args.s3 != "off":
+        print("commit latency, local and s3:// roots", flush=True)
+        shared = commit_bench.run(base, args.s3, args.shared_commits, [1, 4])
     shutil.rmtree(base, ignore_errors=True)
-    dump_raw({"store": res, "producer": producer, "logs": {str(k): v for k, v in logs.items()}})
-    output.report("store-bench", write_report(args, n, mb, res, producer, prod_n, logs))
+    dump_raw({"store": res, "producer": producer, "logs": {str(k): v for k, v in logs.items()},
+              "shared": shared})
+    output.report("store-bench", write_report(args, n, mb, res, producer, prod_n, logs)
+                  + shared_report(args, shared))
 
 
 def command(args) -> str:
@@ -323,7 +338,32 @@ def command(args) -> str:
             cmd += f" {flag} {value}"
     if list(args.commits) != [1_000, 100_000]:
         cmd += f" --commits {args.commits[0]} {args.commits[1]}"
+    if args.s3 != "auto":
+        cmd += f" --s3 {args.s3}"
+    if args.shared_commits != 400:
+        cmd += f" --shared-commits {args.shared_commits}"
     return cmd
+
+
+def shared_report(args, shared: dict | None) -> str:
+    """The commit-latency table: a local root beside an s3:// root, per number of writers."""
+    if shared is None:
+        return "\n\nCommit latency on an s3:// root: not measured (`--s3 off`)."
+    where = "a private one-node Ceph cluster (radosgw on loopback)" if args.s3 == "auto" \
+        else "the S3 endpoint of the AWS variables"
+    lines = ["", "", f"Commit latency, {args.shared_commits} commits of one 1-record chunk "
+             f"each to one topic; the s3:// root on {where}, the local root on the disk "
+             "(fsync of entry and directory). Writers are processes racing for the same "
+             "entry numbers; a commit's time includes the retries of lost races.", "",
+             "| writers | local p50 | local p99 | local commits/s | s3 p50 | s3 p99 | "
+             "s3 commits/s | s3 / local commits/s |", "|---|---|---|---|---|---|---|---|"]
+    for w, lo in shared["local"].items():
+        s3 = shared["s3"][w]
+        lines.append(f"| {w} | {lo['p50_ms']:.2f} ms | {lo['p99_ms']:.2f} ms | "
+                     f"{lo['per_s']:,.0f} | {s3['p50_ms']:.2f} ms | {s3['p99_ms']:.2f} ms | "
+                     f"{s3['per_s']:,.0f} | "
+                     f"{s3['per_s'] / positive(lo['per_s'], 'local commits/s'):.2f}× |")
+    return "\n".join(lines)
 
 
 def write_report(args, n, mb, res, producer, prod_n, logs) -> str:

@@ -60,6 +60,8 @@ def test_help(script):
     ("store_bench.py", ["--repeat", "0"], "--repeat"),
     ("store_bench.py", ["--batch", "x"], "--batch"),
     ("store_bench.py", ["--commits", "0", "10"], "--commits"),
+    ("store_bench.py", ["--s3", "gs://bucket"], "--s3"),
+    ("store_bench.py", ["--shared-commits", "0"], "--shared-commits"),
     ("soak.py", ["--minutes", "0"], "--minutes"),
     ("soak.py", ["--sample", "nan"], "--sample"),
     ("soak.py", ["--out", "bench"], "--out"),
@@ -82,18 +84,21 @@ def test_a_dead_process_fails_the_run():
     assert "predicted" not in r.stdout.split("schedule")[-1]
 
 
-def test_default_run_rewrites_no_tracked_file(tmp_path):
+def test_default_run_rewrites_no_tracked_file(tmp_path, s3_server, s3_root):
     before = tracked_state()
     r = run("store_bench.py", "--records", "2000", "--batch", "500", "--repeat", "1",
-            "--commits", "2", "4")
+            "--commits", "2", "4", "--s3", "off")
     assert r.returncode == 0, r.stderr
     assert "## Tier store" in r.stdout and "verify=False" in r.stdout
     assert tracked_state() == before
+    # The commit-latency rows on the test's S3 server (the AWS variables name it).
     r = run("store_bench.py", "--records", "2000", "--batch", "500", "--repeat", "1",
-            "--commits", "2", "4", "--out", str(tmp_path / "out"))
+            "--commits", "2", "4", "--s3", s3_root, "--shared-commits", "8",
+            "--out", str(tmp_path / "out"), env=s3_server.env)
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "out" / "RESULTS.md") as f:
-        assert "<!-- store-bench:start -->" in f.read()
+        text = f.read()
+    assert "<!-- store-bench:start -->" in text and "| 4 |" in text and "s3 p99" in text
     assert tracked_state() == before
 
 
