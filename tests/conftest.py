@@ -143,9 +143,6 @@ def s3_server():
     running server instead (shared: its gateway cannot be stopped). Without the Ceph programs the
     tests that need it are skipped, unless PAFKA_REQUIRE_S3=1 (CI), which makes them fail.
     """
-    import atexit
-    import tempfile
-
     from .s3server import S3Server, missing_binaries
     if os.environ.get("PAFKA_S3_ENV"):
         yield S3Server.from_env_file(os.environ["PAFKA_S3_ENV"])
@@ -157,13 +154,7 @@ def s3_server():
         if os.environ.get("PAFKA_REQUIRE_S3") == "1":
             pytest.fail(reason + " [PAFKA_REQUIRE_S3=1]", pytrace=False)
         pytest.skip(reason)
-    # A short directory of its own: the daemons' Unix sockets must fit in 107 bytes.
-    server = S3Server.start(tempfile.mkdtemp(prefix="pafka-ceph-"))
-    atexit.register(server.close)
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _private_server()
 
 
 @pytest.fixture(scope="session")
@@ -173,10 +164,16 @@ def s3_own_server(s3_server):
     if s3_server.owned:
         yield s3_server
         return
+    yield from _private_server()
+
+
+def _private_server():
+    """A cluster of this session's own, stopped at the end (atexit too, for a failed run)."""
     import atexit
     import tempfile
 
     from .s3server import S3Server
+    # A short directory of its own: the daemons' Unix sockets must fit in 107 bytes.
     server = S3Server.start(tempfile.mkdtemp(prefix="pafka-ceph-"))
     atexit.register(server.close)
     try:
