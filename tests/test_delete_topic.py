@@ -138,11 +138,15 @@ def test_files_a_reader_pins_are_reclaimed_by_the_service_once_it_lets_go(store_
 
 def test_idle_topic_retention_runs_through_pafka_migrate_once(store_root):
     s = store_root.open({"log.segment.bytes": "64k"})
-    t = s.create_topic("t", SCHEMA, partitions=1, config={"log.retention.ms": 1000})
-    for i in range(30):
-        t.append(make_batch(i * 200, 200))
+    # Retention must not start while the appends run: a commit on S3 takes tens of ms, and
+    # on a loaded machine 30 of them took over a second.
+    retention = 3.0 if store_root.is_s3 else 1.0
+    t = s.create_topic("t", SCHEMA, partitions=1,
+                       config={"log.retention.ms": int(retention * 1000)})
+    for i in range(10):
+        t.append(make_batch(i * 600, 600))
     assert len(t.segments()) > 2 and t.earliest_offsets() == {0: 0}
-    time.sleep(1.2)  # everything expires; nothing is committed from here on
+    time.sleep(retention + 0.2)  # everything expires; nothing is committed from here on
     r = _pafka("migrate", str(s.root))
     assert r.returncode == 0, r.stderr
     assert re.search(r"retention deleted \d+ segments", r.stdout), r.stdout

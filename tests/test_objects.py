@@ -306,7 +306,7 @@ def test_access_refused_is_not_retried(s3_root, monkeypatch):
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match=r"refused PUT .*HTTP 403 .*credentials"):
         store.put_if_absent("k", b"x")
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 8  # retried, it would take the 20 s budget
 
 
 # -- listing, deleting, handles ------------------------------------------------------------------

@@ -512,12 +512,13 @@ def test_a_chunk_bigger_than_a_segment_is_split_or_gets_its_own_segment(file_sto
 
 def test_segment_older_than_segment_ms_is_rolled_on_the_next_append(store_root):
     import time
-    s = store_root.open({"log.segment.ms": 50})
+    # 2 s: two appends on S3 under load can take more than 50 ms between them.
+    s = store_root.open({"log.segment.ms": 2000})
     t = s.create_topic("t", SCHEMA)
     t.append(make_batch(0, 10))
     t.append(make_batch(10, 10))
     assert len(t.segments()) == 1
-    time.sleep(0.1)
+    time.sleep(2.1)
     t.append(make_batch(20, 10))
     segs = t.segments()
     assert len(segs) == 2 and segs[0].sealed and not segs[1].sealed
