@@ -280,6 +280,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.s3 not in ("auto", "off") and not args.s3.startswith("s3://"):
         ap.error(f"--s3 must be an s3:// URL, auto or off, not {args.s3!r}")
+    if args.s3 == "auto":
+        from tests.s3server import missing_binaries
+        if missing_binaries():  # before the run, not after 15 minutes of it
+            ap.error("--s3 auto needs Ceph (ceph-mon ceph-osd radosgw ceph-common; "
+                     "PAFKA_SETUP_S3=1 bash .ci/setup installs them): give --s3 URL or --s3 off")
     output = Output(args)
     base = os.path.join(HERE, "data")
     os.makedirs(base, exist_ok=True)
