@@ -7,7 +7,9 @@ executors only map files and slice Arrow batches — they never read the commit 
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from tier_store import (
     TopicDeleted,
     TopicNotFound,
     execute,
+    host_id,
+    read_counts,
 )
 
 from .handles import store_to_read
@@ -278,8 +282,29 @@ class Planning:
             # A batch read with nothing to read: partitions() returned [] and PySpark planned
             # one InputPartition(None) in its place.
             return iter(())
-        return (b for plan in partition.plans
-                for b in read_plan(plan, self.target, self.opts.include_metadata,
-                                   self.opts.verify, self.opts.fail_on_data_loss))
+        return _counted((b for plan in partition.plans
+                         for b in read_plan(plan, self.target, self.opts.include_metadata,
+                                            self.opts.verify, self.opts.fail_on_data_loss)),
+                        partition)
 
 
+def _counted(batches: Iterator[pa.RecordBatch], partition: PafkaPartition
+             ) -> Iterator[pa.RecordBatch]:
+    """``batches``, then how many chunks and bytes the read found on this host's tier and how
+    many it read from elsewhere (a shared tier): logged, and appended as one JSON line to
+    ``$PAFKA_READ_STATS/<host>-<pid>.jsonl`` when that directory is set (by
+    ``spark.executorEnv.PAFKA_READ_STATS`` on a cluster)."""
+    before = read_counts()
+    yield from batches
+    after = read_counts()
+    delta = {k: after[k] - before[k] for k in after}
+    here = host_id()
+    log.info("read %s: %d chunks on this host (%s), %d from elsewhere",
+             ", ".join(f"{p.topic}/{p.partition}" for p in partition.plans),
+             delta["local_chunks"], here, delta["remote_chunks"])
+    where = os.environ.get("PAFKA_READ_STATS")
+    if where:
+        line = json.dumps({"host": here, "plans": [[p.topic, p.partition, p.start, p.end]
+                                                   for p in partition.plans], **delta})
+        with open(os.path.join(where, f"{here}-{os.getpid()}.jsonl"), "a") as f:
+            f.write(line + "\n")

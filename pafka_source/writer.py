@@ -154,6 +154,9 @@ class _Writing:
         # One flush per segment touched, before the driver may make the chunks visible:
         # flushing each chunk as it is written stalls the task on the device.
         topic.sync()
+        # On a store shared by many hosts: one object on the shared tier holds every chunk
+        # of this task, so a committed batch survives the loss of this host.
+        refs = topic.share(refs)
         return PafkaCommitMessage([r.to_dict() for r in refs],
                                   self.opts.writer_id or query_id, batch_id, records)
 

@@ -5,7 +5,9 @@ A file that needs other defaults keeps a short wrapper naming only what differs.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import threading
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 
 from tier_store import MAPS, Store, Topic
 
-from .conftest import PYTHON, SCHEMA, make_batch
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch
 
 
 def record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
@@ -104,3 +106,30 @@ def no_cached_maps():
     MAPS.clear()
     yield
     MAPS.clear()
+
+
+def can_unshare() -> bool:
+    """Whether this process may give a child its own mount namespace (root, util-linux)."""
+    return os.geteuid() == 0 and shutil.which("unshare") is not None
+
+
+def on_host(host: str, tier1: str, mount_at: str, argv: list[str],
+            env: dict[str, str] | None = None, timeout: float = 120
+            ) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as simulated host ``host``: in a mount namespace of its own where its tier-1
+    directory ``tier1`` is mounted at ``mount_at`` (the path every host's tier 1 has), with
+    ``PAFKA_HOST_ID=host``. From the repository root (``python -m tests....`` works)."""
+    os.makedirs(tier1, exist_ok=True)
+    os.makedirs(mount_at, exist_ok=True)
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", tier1, mount_at,
+         *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, **(env or {}), "PAFKA_HOST_ID": host})
+
+
+def host_job(host: str, tier1: str, mount_at: str, *args: str) -> dict[str, Any]:
+    """``tests/host_job.py`` run as host ``host`` (see :func:`on_host`); its JSON answer."""
+    done = on_host(host, tier1, mount_at, [PYTHON, "-m", "tests.host_job", *args])
+    assert done.returncode == 0, f"host {host}: {args[0]} failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -640,7 +640,7 @@ def test_a_planned_chunk_is_read_from_another_copy_when_its_file_is_missing(file
                                                                             tmp_path):
     from dataclasses import replace
 
-    from tier_store import execute
+    from tier_store import CorruptSegment, execute
     t = file_store.create_topic("t", SCHEMA)
     t.append(make_batch(0, 50))
     plan = t.plan_read(0, 0)
@@ -654,6 +654,10 @@ def test_a_planned_chunk_is_read_from_another_copy_when_its_file_is_missing(file
                    elsewhere=((str(damaged), c.pos), (str(copy), c.pos + 100)))
     rows = [pb.batch.num_rows for pb in execute(replace(plan, chunks=(gone,)), replan=False)]
     assert sum(rows) == 50
-    with pytest.raises(DataLoss, match="gone.seg, which is missing"):
+    # The other copy is there but damaged: corrupt, naming both places.
+    with pytest.raises(CorruptSegment, match="gone.seg and .*damaged.seg at byte 4096 does not"):
         list(execute(replace(plan, chunks=(replace(gone, elsewhere=((str(damaged), c.pos),)),)),
                      replan=False))
+    with pytest.raises(DataLoss, match="gone.seg and .*nowhere.seg at byte 4096, each missing"):
+        list(execute(replace(plan, chunks=(replace(gone, elsewhere=(
+            (str(tmp_path / "nowhere.seg"), c.pos),)),)), replan=False))

@@ -32,7 +32,7 @@ from .errors import (
     TopicNotFound,
 )
 from .hashing import hash_keys, partition_of
-from .ids import SegmentId
+from .ids import SegmentId, host_id
 from .layout import STORE_FILE, check_topic_name
 from .maintenance.check import CheckReport, check_topic
 from .maintenance.idle import seal_idle
@@ -40,10 +40,11 @@ from .maintenance.moves import MoveResult, OldCopyInGrace
 from .ownership import Relocation, relocate_tier
 from .ownership.roots import root_location
 from .pins import MAPS
-from .reading import PlannedChunk, ReadPlan, execute
+from .reading import PlannedChunk, ReadPlan, execute, read_counts
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
+from .sharing import SharedTier
 from .store import Store
 from .tables import as_table, conform, loose_type
 from .tiers import throttle_tier_writes
@@ -77,6 +78,7 @@ __all__ = [
     "Relocation",
     "SchemaMismatch",
     "SegmentId",
+    "SharedTier",
     "SegmentInfo",
     "SegmentNotMovable",
     "Store",
@@ -107,4 +109,6 @@ __all__ = [
     "seal_idle",
     "throttle_tier_writes",
     "tier_key",
+    "host_id",
+    "read_counts",
 ]

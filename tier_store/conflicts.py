@@ -133,10 +133,18 @@ class SegmentInPlace:
     partition: int
     seq: int
     tier: Tier  # the tier the chunk was written to
+    # On a shared store: the host that wrote the chunk (its file is there, not here), and
+    # whether the chunk is on the shared tier already.
+    host: str | None = None
+    shared: bool = False
 
     def validate(self, state: TopicState) -> None:
         sid = segment_id(self.partition, self.seq)
         seg = state.segments.get(sid)
+        if seg is not None and seg.host != self.host:
+            raise CommitConflict(
+                f"topic {self.topic!r}: segment {sid} is host {seg.host}'s, but a chunk in it "
+                f"was written on host {self.host}; write the batch again")
         number = self.tier.number
         gone = state.tombstone(sid, number) is not None and (seg is None or seg.tier != number)
         if gone or (seg is not None and seg.tier != number):
@@ -145,7 +153,7 @@ class SegmentInPlace:
                 f"topic {self.topic!r}: segment {sid} was moved or deleted after its chunk "
                 f"was written (expected it on tier {number}, found {found}); write the batch "
                 "again")
-        if seg is None:
+        if seg is None and not self.shared:
             path = self.tier.segment_path(self.topic, self.partition, self.seq)
             if not self.tier.exists(path):
                 raise CommitConflict(
@@ -253,7 +261,11 @@ def append_requirements(topic: str, refs: Iterable[ChunkRef], tier: Callable[[in
     ends: dict[tuple[int, int, int], int] = {}
     for r in refs:
         out.append(SameIncarnation(topic, r.topic_id or ""))
-        out.append(SegmentInPlace(topic, r.partition, r.seq, tier(r.tier)))
+        out.append(SegmentInPlace(topic, r.partition, r.seq, tier(r.tier), r.host,
+                                  r.obj is not None))
+        if r.obj is not None:
+            # Committed from the shared copy: the writer's own is a cache, checked on reads.
+            continue
         key = (r.partition, r.seq, r.tier)
         ends[key] = max(ends.get(key, 0), r.pos + r.length)
     # After every chunk's segment is known in place: one header read per segment.

@@ -25,7 +25,7 @@ import pyarrow as pa
 import xxhash
 
 from .errors import CorruptLog, InvalidArgument
-from .ids import SegmentId
+from .ids import SegmentId, check_bundle, check_host
 
 
 def schema_to_text(schema: pa.Schema) -> str:
@@ -79,6 +79,26 @@ class ChunkRecord:
     checksum: int  # xxh3-64 of its bytes
     tmin: int | None = None  # event-time min/max (ms) when the writer named a column
     tmax: int | None = None
+    # On a store shared by many hosts: the host that wrote the segment (its copy there is a
+    # cache), and the shared object holding the chunk (``obj``, 32 hex digits) at byte
+    # ``opos``. Absent on a single-host store, and once the segment is on the shared tier.
+    host: str | None = None
+    obj: str | None = None
+    opos: int | None = None
+
+
+# Fields of a chunk left out of its JSON when None: a single-host store's entries stay as
+# they were before stores were shared.
+_OPTIONAL = ("host", "obj", "opos")
+
+
+def chunk_json(c: ChunkRecord) -> dict[str, Any]:
+    """A chunk as its entry's JSON holds it."""
+    d = _to_disk(asdict(c))
+    for k in _OPTIONAL:
+        if d[k] is None:
+            del d[k]
+    return d
 
 
 @dataclass(frozen=True)
@@ -91,7 +111,7 @@ class Entry:
         for entry 0), its checksum last."""
         body = {"kind": self.kind, **_to_disk(asdict(self))}
         if "chunks" in body:
-            body["chunks"] = [_to_disk(c) for c in body["chunks"]]
+            body["chunks"] = [chunk_json(c) for c in self.chunks]  # type: ignore[attr-defined]
         return signed(json.dumps(body, separators=(",", ":")).encode(), version, topic_id)
 
 
@@ -244,6 +264,13 @@ def check_chunk(c: ChunkRecord) -> None:
     for name, t in (("tmin", c.tmin), ("tmax", c.tmax)):
         if t is not None:
             _int(name, t, -INT64 + 1)
+    if c.host is not None:
+        check_host(c.host, "host")
+    if (c.obj is None) != (c.opos is None):
+        raise ValueError(f"obj {c.obj!r} and opos {c.opos!r}: a chunk names both or neither")
+    if c.obj is not None:
+        check_bundle(c.obj)
+        _int("opos", c.opos)
 
 
 def _check_fields(e: Entry) -> None:

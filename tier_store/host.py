@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from .sharing import SharedTier
     from .tiers import SegmentWriter, Tier
     from .topic import Topic
 
@@ -23,6 +24,10 @@ class TopicHost(Protocol):
 
     root: str  # a directory, or an s3:// URL
     tiers: list[Tier]
+
+    @property
+    def shared(self) -> SharedTier | None:
+        """On a store shared by many hosts, its shared tier and this host's number."""
 
     @property
     def config(self) -> Any:

@@ -39,13 +39,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .chunk import EncodedChunk
 from .crash import crash_point
 from .errors import CorruptSegment, StoreFull
+from .flusher import Flusher
 from .layout import (
     fsync_dir,
     fsync_file,
@@ -61,36 +61,6 @@ if TYPE_CHECKING:
     from .topic_log import TopicLog
 
 log = logging.getLogger(__name__)
-
-
-class Flusher:
-    """Closes the writers of segments rolled out by deferred appends on a thread of the
-    topic handle, so the device writes them while appends go on."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
-
-    def submit(self, w: SegmentWriter) -> None:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pafka-flush")
-            self._pending.append(self._pool.submit(w.close))
-
-    def wait(self) -> None:
-        """Wait for every close submitted so far; raise the first one's error."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        errors = [e for e in (f.exception() for f in pending) if e is not None]
-        if errors:
-            raise errors[0]
-
-    def shutdown(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
 
 
 class PartitionLog:
@@ -299,20 +269,32 @@ class PartitionLog:
         return True
 
     def _last_seq(self) -> int | None:
-        """The highest segment number the partition is known to have used."""
+        """The highest segment number the partition is known to have used (on a shared
+        store, of those in this host's range: the next is this host's too)."""
         st = self._state()
         seqs = list(st.part(self.number).segments)
         for key in st.tombstones:
             p, seq = parse_segment_id(key.split("@")[0])
             if p == self.number:
                 seqs.append(seq)
-        return max(seqs, default=None)
+        shared = self.host.shared
+        if shared is None:
+            return max(seqs, default=None)
+        mine = shared.seqs
+        return max((q for q in seqs if q in mine), default=mine.start - 1)
 
     def _active_writer(self, need: int, durable: bool) -> tuple[int, Tier, SegmentWriter]:
         ptr = self.active_segment()
         if ptr is None:
             return self._roll(self._last_seq(), None, need, durable)
         seq, tier_no = ptr
+        shared = self.host.shared
+        if shared is not None and seq not in shared.seqs:
+            # Another host's number (a tier 1 copied from there): never append to its segment.
+            log.warning("topic %s partition %d: active pointer %s names segment %s, not one "
+                        "of this host's; the next append starts a new segment", self.topic,
+                        self.number, self._pointer, segment_id(self.number, seq))
+            return self._roll(self._last_seq(), None, need, durable)
         tier = self.host.tier(tier_no)
         if self._writer is not None and self._writer[0] == ptr:
             return seq, tier, self._writer[1]
@@ -395,4 +377,4 @@ def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_
         return True
 
 
-__all__ = ["Flusher", "PartitionLog", "is_settled"]
+__all__ = ["PartitionLog", "is_settled"]

@@ -8,7 +8,7 @@ positions: they serve lag and ``startingOffsets=group``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from .entries import PositionEntry
 from .errors import InvalidArgument
 from .state import TopicState
 from .topic_log import now_ms
+
+if TYPE_CHECKING:
+    from .topic_log import TopicLog
 
 
 def check_group_name(group: Any) -> str:
@@ -78,5 +81,45 @@ def deletion_entry(topic: str, st: TopicState, group: str) -> PositionEntry:
     return PositionEntry(max(st.last_ts, now_ms()), group, {})
 
 
-__all__ = ["check_group_name", "checked_offsets", "deletion_entry", "merged_entry",
-           "position_entry"]
+
+class GroupPositions:
+    """Consumer groups' committed offsets, as a topic handle records and reads them."""
+
+    name: str
+    log: TopicLog
+
+    def latest_offsets(self) -> dict[int, int]: ...  # noqa: D102 (the handle's)
+
+    def _check_partition(self, partition: Any) -> int: ...
+
+    def state(self, refresh: bool = True) -> TopicState: ...
+
+    def set_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Record consumer group ``group``'s committed offsets for the partitions named (for
+        lag and ``startingOffsets=group``; retention ignores them), merged into its
+        position: its other partitions keep theirs. An offset lies in ``[0, latest]``."""
+        clean = checked_offsets(self.name, "set_position", group, offsets,
+                                          self.latest_offsets(), self._check_partition)
+        self.log.publish_retrying(lambda st: merged_entry(st, group, clean))
+
+    def reset_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """Replace consumer group ``group``'s whole position by ``offsets``: partitions not
+        named lose their committed offset. Creates the group if it has no position yet."""
+        clean = checked_offsets(self.name, "reset_position", group, offsets,
+                                          self.latest_offsets(), self._check_partition)
+        self.log.publish_retrying(lambda st: position_entry(st, group, clean))
+
+    def delete_group(self, group: str) -> None:
+        """Forget consumer group ``group``'s position on this topic; a group it does not
+        have is an error naming the groups it has."""
+        check_group_name(group)
+        self.log.publish_retrying(lambda st: deletion_entry(self.name, st, group))
+
+    def positions(self) -> dict[str, dict[int, int]]:
+        """Every consumer group's committed offsets."""
+        return {g: {int(p): o for p, o in offs.items()}
+                for g, offs in self.state().positions.items()}
+
+
+__all__ = ["GroupPositions", "check_group_name", "checked_offsets", "deletion_entry",
+           "merged_entry", "position_entry"]

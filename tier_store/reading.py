@@ -11,6 +11,7 @@ planning), it opens the store, plans again once, and goes on; a file still missi
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from .chunk import ChunkDecoder, checksum
 from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
+from .ids import host_id
 from .layout import is_url
 from .pins import MAPS, owner_of
 
@@ -28,8 +30,9 @@ class PlannedChunk:
     """One committed chunk to read: file, byte range, offsets, commit time and checksum.
 
     ``elsewhere`` names other copies of the same bytes, as (file, position) pairs: tried in
-    order when ``path`` is missing or its bytes do not match the checksum (another host's
-    copy, or a shared tier's)."""
+    order when ``path`` is missing or its bytes do not match the checksum (a shared tier's
+    copy). ``host``, on a store shared by many hosts, names the host whose tier holds
+    ``path``: elsewhere, ``path`` is not read at all."""
 
     path: str
     pos: int
@@ -39,6 +42,38 @@ class PlannedChunk:
     timestamp: int
     checksum: int
     elsewhere: tuple[tuple[str, int], ...] = ()
+    host: str | None = None
+
+
+class ReadCounts:
+    """Chunks and bytes this process read from a local tier and from elsewhere (a shared
+    tier's copy, by ranged reads), since it started: how often reads found their data
+    on the host that runs them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(("local_chunks", "local_bytes", "remote_chunks",
+                                      "remote_bytes"), 0)
+
+    def add(self, local: bool, nbytes: int) -> None:
+        where = "local" if local else "remote"
+        with self._lock:
+            self._counts[f"{where}_chunks"] += 1
+            self._counts[f"{where}_bytes"] += nbytes
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts so far, as a dict (``local_chunks``, ``local_bytes``,
+        ``remote_chunks``, ``remote_bytes``)."""
+        with self._lock:
+            return dict(self._counts)
+
+
+READS = ReadCounts()
+
+
+def read_counts() -> dict[str, int]:
+    """Chunks and bytes this process has read from a local tier and from elsewhere."""
+    return READS.snapshot()
 
 
 @dataclass(frozen=True)
@@ -128,16 +163,19 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
     yield from _execute(plan, verify, -1 if replan else None)
 
 
-def _read_elsewhere(c: PlannedChunk, verify: bool) -> pa.Buffer | None:
-    """The chunk's bytes from the first of its other copies that has them; None if none."""
+def _read_elsewhere(c: PlannedChunk, verify: bool) -> tuple[pa.Buffer | None, bool]:
+    """The chunk's bytes from the first of its other copies that has them (None if none),
+    and whether a copy was found that does not match the checksum."""
+    mismatch = False
     for path, pos in c.elsewhere:
         try:
             buf = read_range(path, pos, c.length)
         except FileNotFoundError:
             continue
         if not verify or checksum(buf) == c.checksum:
-            return buf
-    return None
+            return buf, mismatch
+        mismatch = True
+    return None, mismatch
 
 
 def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
@@ -151,22 +189,27 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
     # is CorruptSegment then; truncated later, under the mapping, it may kill the process).
     # A file's chunks come in the order of their positions: its last one reaches farthest.
     reach = {c.path: c.pos + c.length for c in plan.chunks}
-    local = {path for path in reach if not is_url(path)}
-    owners = {o for o in map(owner_of, local) if o is not None}
+    local_paths = {path for path in reach if not is_url(path)}
+    owners = {o for o in map(owner_of, local_paths) if o is not None}
     if owners:
         # This partition's segments the plan no longer names (moved, merged, deleted) are
         # unpinned now rather than when they go idle.
-        MAPS.forget(local, owners)
+        MAPS.forget(local_paths, owners)
     # The mapping of the segment being read: its next chunks are sliced from it. It pins its
     # file, so the file is never reused while we read it.
     mapped: tuple[str, pa.Buffer] | None = None
+    here = host_id() if any(c.host is not None for c in plan.chunks) else None
     for c in plan.chunks:
         stale: str | None = None  # why the plan may no longer describe this chunk
+        local = not is_url(c.path)
         try:
+            if c.host is not None and c.host != here:
+                # Another host's tier: the same path here is some other file, or none.
+                raise FileNotFoundError(c.path)
             if mapped is not None and mapped[0] == c.path and \
                     c.pos + c.length <= mapped[1].size:
                 buf = mapped[1].slice(c.pos, c.length)
-            elif is_url(c.path):
+            elif not local:
                 buf = read_range(c.path, c.pos, c.length)
             else:
                 mapped = (c.path, MAPS.whole(c.path, c.pos,
@@ -178,18 +221,25 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
             if verify and checksum(buf) != c.checksum:
                 stale = "checksum"
         if stale is not None and c.elsewhere:
-            buf = _read_elsewhere(c, verify)
-            stale = None if buf is not None else stale
+            buf, mismatch = _read_elsewhere(c, verify)
+            if buf is not None:
+                stale, local = None, False
+            elif mismatch:
+                stale = "checksum"
+        if stale is None:
+            READS.add(local, c.length)
         if stale is not None:
             start = max(at_offset, c.base)
             if replanned_at is None or start <= replanned_at:
+                shared = "".join(f" and {u} at byte {at}" for u, at in c.elsewhere)
                 if stale == "missing":
                     raise DataLoss(
                         f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
-                        f"{c.base + c.records - 1} are in {c.path}, which is missing")
+                        f"{c.base + c.records - 1} are in {c.path}{shared}, "
+                        f"{'each' if shared else 'which is'} missing")
                 raise CorruptSegment(
                     f"topic {plan.topic!r} partition {plan.partition}: chunk with offsets "
-                    f"[{c.base}, {c.base + c.records}) in {c.path} does not match its "
+                    f"[{c.base}, {c.base + c.records}) in {c.path}{shared} does not match its "
                     "checksum")
             yield from _execute(_replan(plan, start, c), verify, start)
             return

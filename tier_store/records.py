@@ -33,6 +33,11 @@ class ChunkRef:
     # The incarnation of the topic the chunk was written to: a commit into a topic deleted
     # and created again since is refused (and one not naming it).
     topic_id: str | None = None
+    # On a store shared by many hosts (see :meth:`Topic.share`): the writing host, and the
+    # shared object holding the chunk at byte ``opos`` once uploaded.
+    host: str | None = None
+    obj: str | None = None
+    opos: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .chunk_index import CHUNK_DTYPE, COLUMN_TYPES, COLUMNS, NO_TIME, ChunkIndex
 from .entries import (
     AppendEntry,
-    ChunkRecord,
     ConfigEntry,
     CreateEntry,
     DeleteEntry,
@@ -47,99 +47,7 @@ from .entries import (
 )
 from .errors import CorruptLog
 from .layout import segment_id
-from .state_checks import check_checkpoint_meta, check_chunk_rows, entry_problem
-
-NO_TIME = np.iinfo(np.int64).min
-CHUNK_DTYPE = np.dtype([
-    ("seq", "<i8"), ("pos", "<i8"), ("length", "<i8"), ("base", "<i8"), ("records", "<i8"),
-    ("checksum", "<u8"), ("ts", "<i8"), ("tmin", "<i8"), ("tmax", "<i8"),
-])
-# Checkpoint column names of the fields named otherwise in Python (the on-disk format).
-_COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
-_COLUMN_TYPES = {_COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
-                 for n in CHUNK_DTYPE.names}
-
-
-class ChunkIndex:
-    """One partition's committed chunks in offset order, as a growable numpy table.
-
-    An index read from a checkpoint stays in the checkpoint's memory-mapped Arrow table until
-    first used, so that opening a topic costs the same whatever its history: who only asks
-    for offsets never pays for the chunks.
-    """
-
-    def __init__(self, rows: np.ndarray | None = None,
-                 lazy: tuple[pa.Table, int, int, str] | None = None):
-        self._lazy = lazy
-        self._a = rows.copy() if rows is not None else np.empty(16, CHUNK_DTYPE)
-        self._lo = 0
-        self._hi = len(rows) if rows is not None else 0
-
-    def _load(self) -> None:
-        table, start, n, where = self._lazy  # type: ignore[misc]
-        rows = np.empty(max(16, n), CHUNK_DTYPE)
-        part = table.slice(start, n)
-        for name in CHUNK_DTYPE.names:
-            rows[name][:n] = part.column(_COLUMNS.get(name, name)).to_numpy()
-        check_chunk_rows(rows[:n], where)  # before use: the rows index files
-        self._lazy = None
-        self._a, self._lo, self._hi = rows, 0, n
-
-    def __len__(self) -> int:
-        return self._lazy[2] if self._lazy is not None else self._hi - self._lo
-
-    def rows(self) -> np.ndarray:
-        if self._lazy is not None:
-            self._load()
-        return self._a[self._lo:self._hi]
-
-    def append(self, c: ChunkRecord, ts: int) -> None:
-        if self._lazy is not None:
-            self._load()
-        if self._hi == len(self._a):
-            live = self.rows()
-            grown = np.empty(max(16, 2 * len(live)), CHUNK_DTYPE)
-            grown[: len(live)] = live
-            self._a, self._lo, self._hi = grown, 0, len(live)
-        self._a[self._hi] = (c.seq, c.pos, c.length, c.base, c.records, c.checksum, ts,
-                             NO_TIME if c.tmin is None else c.tmin,
-                             NO_TIME if c.tmax is None else c.tmax)
-        self._hi += 1
-
-    def drop_segments(self, seqs: set[int]) -> None:
-        rows = self.rows()
-        keep = ~np.isin(rows["seq"], list(seqs))
-        if keep.all():
-            return
-        kept = rows[keep]
-        self._a = kept.copy() if len(kept) else np.empty(16, CHUNK_DTYPE)
-        self._lo, self._hi = 0, len(kept)
-
-    def replace_segments(self, seqs: set[int], new: list[ChunkRecord], ts_of: np.ndarray) -> None:
-        """Swap the chunks of ``seqs`` for ``new`` (same offsets, new positions)."""
-        rows = self.rows()
-        mask = np.isin(rows["seq"], list(seqs))
-        old = rows[mask]
-        repl = np.empty(len(new), CHUNK_DTYPE)
-        for i, c in enumerate(new):
-            repl[i] = (c.seq, c.pos, c.length, c.base, c.records, c.checksum, 0,
-                       NO_TIME if c.tmin is None else c.tmin,
-                       NO_TIME if c.tmax is None else c.tmax)
-        # Timestamps travel with the offsets they belong to.
-        order = np.searchsorted(old["base"], repl["base"])
-        repl["ts"] = old["ts"][np.clip(order, 0, max(0, len(old) - 1))] if len(old) else ts_of
-        merged = np.concatenate([rows[~mask], repl])
-        merged.sort(order="base", kind="stable")
-        self._a, self._lo, self._hi = merged, 0, len(merged)
-
-    def committed_since(self, ts: int) -> np.ndarray:
-        """Rows committed at or after ``ts`` (rows are in commit order, ``ts`` monotonic)."""
-        rows = self.rows()
-        return rows[int(np.searchsorted(rows["ts"], ts, side="left")):]
-
-    def locate(self, offset: int) -> int:
-        """Index (into :meth:`rows`) of the chunk holding ``offset``."""
-        return int(np.searchsorted(self.rows()["base"], offset, side="right")) - 1
+from .state_checks import check_checkpoint_meta, entry_problem
 
 
 @dataclass
@@ -157,6 +65,8 @@ class SegmentState:
     chunks: int
     first_ts: int
     last_ts: int
+    # The host that wrote it, on a store shared by many hosts: its copy there is a cache.
+    host: str | None = None
 
     @property
     def id(self) -> str:
@@ -281,7 +191,7 @@ class TopicState:
             seg = part.segments.get(c.seq)
             if seg is None:
                 seg = SegmentState(c.partition, c.seq, c.tier, c.base, c.base, 0, 0, 0, 0,
-                                   e.ts, e.ts)
+                                   e.ts, e.ts, c.host)
                 self._add_segment(seg)
             # Concurrent writers may commit a segment's chunks out of order, so a segment's
             # offsets need not be one range: keep its min and max.
@@ -344,14 +254,14 @@ class TopicState:
             "created_ts": self.created_ts, "last_ts": self.last_ts,
             "topic_id": self.topic_id,
             "next_offset": self.next_offset, "start_offset": self.start_offset,
-            "segments": [asdict(s) for s in self.segments.values()],
+            "segments": [_segment_json(s) for s in self.segments.values()],
             "writers": self.writers, "positions": self.positions,
             "tombstones": self.tombstones,
             "chunk_counts": [len(c) for c in self.chunks],
         }
         rows = np.concatenate([q.chunks.rows() for q in self.parts]) if self.parts \
             else np.empty(0, CHUNK_DTYPE)
-        cols = {_COLUMNS.get(name, name): pa.array(rows[name]) for name in CHUNK_DTYPE.names}
+        cols = {COLUMNS.get(name, name): pa.array(rows[name]) for name in CHUNK_DTYPE.names}
         table = pa.table(cols)
         return table.replace_schema_metadata({b"pafka.state": json.dumps(meta).encode()})
 
@@ -362,7 +272,7 @@ class TopicState:
         it is malformed, or is not ``version`` of ``topic`` (when given)."""
         try:
             meta = json.loads(table.schema.metadata[b"pafka.state"])
-            check_checkpoint_meta(meta, table, _COLUMN_TYPES, version, topic)
+            check_checkpoint_meta(meta, table, COLUMN_TYPES, version, topic)
             st = cls(meta["name"])
             st.version = meta["version"]
             st.schema = checked_schema(meta["schema"], where) if meta["schema"] else None
@@ -385,3 +295,14 @@ class TopicState:
                 RecursionError) as e:
             raise CorruptLog(f"checkpoint {where} is malformed: {e}") from None
         return st
+
+
+def _segment_json(s: SegmentState) -> dict[str, Any]:
+    """A segment as a checkpoint holds it (``host`` only on a shared store's)."""
+    d = asdict(s)
+    if d["host"] is None:
+        del d["host"]
+    return d
+
+
+__all__ = ["CHUNK_DTYPE", "NO_TIME", "ChunkIndex", "PartitionState", "SegmentState", "TopicState"]

@@ -27,7 +27,7 @@ from .entries import (
     PositionEntry,
 )
 from .errors import CorruptLog
-from .ids import SegmentId
+from .ids import SegmentId, check_host
 from .segment import HEADER_SIZE
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ def _append_problem(st: TopicState, e: AppendEntry) -> str | None:
         if seg is not None and seg.tier != c.tier:
             return (f"puts a chunk of segment {seg.id} on tier {c.tier}; the segment is on "
                     f"tier {seg.tier}")
+        if seg is not None and seg.host != c.host:
+            return (f"puts a chunk of segment {seg.id} written on host {c.host}; the segment "
+                    f"is host {seg.host}'s")
     return None
 
 
@@ -150,8 +153,11 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
             raise ValueError(f"column {name!r} is missing, not {kind}, or holds nulls")
     seen = set()
     for s in _typed("segments", meta["segments"], list):
-        if not isinstance(s, dict) or sorted(s) != sorted(_SEGMENT_FIELDS):
-            raise ValueError(f"a segment is {s!r}, not an object of {', '.join(_SEGMENT_FIELDS)}")
+        if not isinstance(s, dict) or sorted(set(s) - {"host"}) != sorted(_SEGMENT_FIELDS):
+            raise ValueError(f"a segment is {s!r}, not an object of {', '.join(_SEGMENT_FIELDS)}"
+                             " (and host)")
+        if "host" in s:
+            check_host(s["host"], "a segment's host")
         for k in _SEGMENT_FIELDS:
             _int(f"a segment's {k}", s[k])
         _int("a segment's partition", s["partition"], 0, n)

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import locks, reading
+from . import locks, reading, views
 from .commit_log import CommitLog
 from .config import StoreConfig, load_config
 from .errors import (
@@ -56,10 +56,12 @@ from .ownership import (
     read_json_object,
     resize_tier,
 )
+from .ownership.opening import is_shared
 from .ownership.rootfiles import json_object, update
 from .ownership.roots import root_files, root_location, store_exists, store_identity
 from .ownership.saved import resolve_path
 from .placement import Placement
+from .sharing import SharedTier
 from .state import TopicState
 from .tiers import SegmentWriter, Tier
 from .topic import Topic
@@ -82,6 +84,8 @@ class Store:
         self._fence = RelocationFence(files, relocations)
         self._placement = Placement(self.root, tiers)
         self._given: dict[str, Any] = {}  # the settings open() was given (for reopen)
+        self._shared: SharedTier | None = None
+        self.is_shared = is_shared(self.root, [t.spec for t in tiers])
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
@@ -239,36 +243,26 @@ class Store:
     def has_topic(self, name: str) -> bool:
         return name in self.topics()
 
+    @property
+    def shared(self) -> SharedTier | None:
+        """On a store shared by many hosts (an ``s3://`` root with a REMOTE tier), its shared
+        tier and this host's number, given on first use (:mod:`tier_store.sharing`)."""
+        if self.is_shared and self._shared is None:
+            with self._lock:
+                self._shared = self._shared or SharedTier.of(self.files, self.tiers)
+        return self._shared
+
     # -- tiers --------------------------------------------------------------------------------
     def _states(self) -> list[TopicState]:
         return readable_states(self)  # a topic whose log is damaged is logged, left out
 
     def used_bytes(self) -> dict[int, int]:
         """Committed bytes per tier, accounted from every topic's state."""
-        used = {t.number: 0 for t in self.tiers}
-        for st in self._states():
-            for s in st.segments.values():
-                used[s.tier] = used.get(s.tier, 0) + s.extent
-        return used
+        return views.used_bytes(self.tiers, self._states())
 
     def tier_usage(self) -> list[dict[str, Any]]:
         """Per tier: number, type, path, capacity, used bytes, segments (and free pool files)."""
-        used = {t.number: 0 for t in self.tiers}
-        segs = {t.number: 0 for t in self.tiers}
-        for st in self._states():
-            for s in st.segments.values():
-                used[s.tier] += s.extent
-                segs[s.tier] += 1
-        out = []
-        for t in self.tiers:
-            row: dict[str, Any] = {"tier": t.number, "type": t.type, "path": t.path,
-                                   "capacity": t.capacity, "used": used[t.number],
-                                   "segments": segs[t.number]}
-            if t.has_pool:
-                row["pool_files"] = t.pool_size
-                row["pool_free"] = t.free_pool_files()
-            out.append(row)
-        return out
+        return views.tier_usage(self.tiers, self._states())
 
     def place_segment(self, topic: str, partition: int, seq: int, need: int,
                       durable: bool = True) -> tuple[Tier, SegmentWriter]:

@@ -19,21 +19,22 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from . import dropped, positions, views
+from . import dropped, positions, sharing, views
 from .chunk import EncodedChunk
 from .commit_log import CommitLog
 from .conflicts import Requirement
 from .entries import ChunkRecord, DeleteEntry, MoveEntry, PartitionsEntry
 from .errors import InvalidArgument
+from .flusher import Flusher
 from .layout import fsync_dir
 from .maintenance import retention
-from .partition import Flusher, PartitionLog
+from .partition import PartitionLog
 from .reading import ReadPlan, execute
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import HEADER_SIZE
@@ -51,7 +52,7 @@ def _non_negative(name: str, value: Any) -> int:
     return int(value)
 
 
-class Topic:
+class Topic(positions.GroupPositions):
     """A handle on one topic of a :class:`~tier_store.Store`."""
 
     def __init__(self, store: TopicHost, name: str, state: TopicState, commit_log: CommitLog):
@@ -201,12 +202,26 @@ class Topic:
         # A handle on a deleted topic must not append to what its name leads to now.
         seq, tier, pos, crc = self.partition_log(p).append(chunk, durable, written,
                                                             self.log.check_incarnation)
+        shared = self.store.shared
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
-                        written, tmin, tmax, self.store.relocation(tier.number), self.id)
+                        written, tmin, tmax, self.store.relocation(tier.number), self.id,
+                        None if shared is None else shared.host)
 
     def active_segment(self, p: int) -> tuple[int, int] | None:
         """(sequence, tier) of partition ``p``'s active segment, if it has one."""
         return self.partition_log(p).active_segment()
+
+    def share(self, refs: Sequence[ChunkRef]) -> list[ChunkRef]:
+        """On a store shared by many hosts, upload the chunks of ``refs`` (written on this
+        host, made durable by :meth:`sync`) to the shared tier as one object, and return the
+        references naming it: a write task calls this before handing its references to the
+        committer, so committed data survives the loss of this host. Elsewhere (and for
+        references shared already) returns ``refs`` as they are."""
+        shared = self.store.shared
+        refs = list(refs)
+        if shared is None:
+            return refs
+        return sharing.share(shared, self.id, refs, self.store.tier)
 
     # -- writing: step 2 ------------------------------------------------------------------
     def commit(self, refs: list[ChunkRef], writer_id: str | None = None,
@@ -229,6 +244,8 @@ class Topic:
             raise InvalidArgument("give both writer_id and batch_id, or neither")
         if not refs:
             return []
+        if self.store.shared is not None:
+            refs = self.share(refs)  # those written here and not shared yet
         # The relocation check comes first (and holds through the publish): a chunk written
         # to a tier's old place must be refused, not taken for one already committed.
         with self.log.lock:
@@ -285,9 +302,12 @@ class Topic:
             st = self.log.current
             if end is None or end > st.part(p).next_offset:
                 st = self.log.refresh()
+            shared = self.store.shared
             stop, chunks = views.planned_chunks(
                 self.name, st, p, start, end,
-                lambda seq, tier: self.store.tier(tier).segment_path(self.name, p, seq))
+                lambda seq, tier: self.store.tier(tier).segment_path(self.name, p, seq),
+                None if shared is None else
+                (lambda obj: shared.bundle_url(self.name, st.topic_id, obj)))
         return ReadPlan(self.store.root, self.name, p, start, stop, tuple(chunks), self.id)
 
     def bytes_between(self, partition: int, start: int, end: int) -> int:
@@ -315,32 +335,6 @@ class Topic:
             lambda st: PartitionsEntry(max(st.last_ts, now_ms()), st.partitions + n))
         self.store.pointer_dir(self.name, self.id)  # made if missing
         return st.partitions
-
-    def set_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
-        """Record consumer group ``group``'s committed offsets for the partitions named (for
-        lag and ``startingOffsets=group``; retention ignores them), merged into its
-        position: its other partitions keep theirs. An offset lies in ``[0, latest]``."""
-        clean = positions.checked_offsets(self.name, "set_position", group, offsets,
-                                          self.latest_offsets(), self._check_partition)
-        self.log.publish_retrying(lambda st: positions.merged_entry(st, group, clean))
-
-    def reset_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
-        """Replace consumer group ``group``'s whole position by ``offsets``: partitions not
-        named lose their committed offset. Creates the group if it has no position yet."""
-        clean = positions.checked_offsets(self.name, "reset_position", group, offsets,
-                                          self.latest_offsets(), self._check_partition)
-        self.log.publish_retrying(lambda st: positions.position_entry(st, group, clean))
-
-    def delete_group(self, group: str) -> None:
-        """Forget consumer group ``group``'s position on this topic; a group it does not
-        have is an error naming the groups it has."""
-        positions.check_group_name(group)
-        self.log.publish_retrying(lambda st: positions.deletion_entry(self.name, st, group))
-
-    def positions(self) -> dict[str, dict[int, int]]:
-        """Every consumer group's committed offsets."""
-        return {g: {int(p): o for p, o in offs.items()}
-                for g, offs in self.state().positions.items()}
 
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""

@@ -180,7 +180,8 @@ class TopicLog:
                 base = nxt[r.partition]
                 nxt[r.partition] += r.records
                 chunks.append(ChunkRecord(r.partition, r.seq, r.tier, r.pos, r.length, base,
-                                          r.records, r.checksum, r.tmin, r.tmax))
+                                          r.records, r.checksum, r.tmin, r.tmax, r.host,
+                                          r.obj, r.opos))
                 results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
             if self.publish(st, AppendEntry(ts, tuple(chunks), writer_id, batch_id), held=True):
                 return results

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from .errors import DataLoss
+from .ids import bundle_text
 from .partition import is_settled
 from .reading import PlannedChunk
 from .records import SegmentInfo
@@ -21,9 +23,12 @@ from .tiers import Tier
 
 
 def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | None,
-                   path_of: Callable[[int, int], str]) -> tuple[int, list[PlannedChunk]]:
+                   path_of: Callable[[int, int], str],
+                   bundle_url: Callable[[str], str] | None = None
+                   ) -> tuple[int, list[PlannedChunk]]:
     """The chunks holding ``[start, end)`` of partition ``p`` (``end=None``: to the latest)
-    and where the range really stops; ``path_of(seq, tier)`` names a segment's file.
+    and where the range really stops; ``path_of(seq, tier)`` names a segment's file, and
+    ``bundle_url(obj)`` a shared object's (on a store shared by many hosts).
     :class:`DataLoss` below the earliest retained offset."""
     part = st.part(p)
     earliest, latest = part.start_offset, part.next_offset
@@ -35,19 +40,25 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
     if start >= stop:
         return max(start, stop), chunks
     rows = part.chunks.rows()
-    tiers = {seq: s.tier for seq, s in part.segments.items()}
+    segs = part.segments
     paths: dict[int, str] = {}  # a segment holds many chunks
     i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
     j = int(np.searchsorted(rows["base"], stop, side="left"))
     sel = rows[i:j]
-    for seq, pos, length, base, n, ts, crc in zip(
+    for seq, pos, length, base, n, ts, crc, hi, lo, opos in zip(
             sel["seq"].tolist(), sel["pos"].tolist(), sel["length"].tolist(),
             sel["base"].tolist(), sel["records"].tolist(), sel["ts"].tolist(),
-            sel["checksum"].tolist(), strict=True):
+            sel["checksum"].tolist(), sel["obj_hi"].tolist(), sel["obj_lo"].tolist(),
+            sel["opos"].tolist(), strict=True):
         path = paths.get(seq)
         if path is None:
-            path = paths[seq] = path_of(seq, tiers[seq])
-        chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
+            path = paths[seq] = path_of(seq, segs[seq].tier)
+        if opos < 0 or bundle_url is None:
+            chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
+        else:
+            chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc,
+                                       ((bundle_url(bundle_text(hi, lo)), opos),),
+                                       segs[seq].host))
     return stop, chunks
 
 
@@ -100,4 +111,34 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
     return out
 
 
-__all__ = ["bytes_between", "offset_for_time", "planned_chunks", "segment_infos"]
+def used_bytes(tiers: list[Tier], states: list[TopicState]) -> dict[int, int]:
+    """Committed bytes per tier, accounted from the topics' states."""
+    used = {t.number: 0 for t in tiers}
+    for st in states:
+        for s in st.segments.values():
+            used[s.tier] = used.get(s.tier, 0) + s.extent
+    return used
+
+
+def tier_usage(tiers: list[Tier], states: list[TopicState]) -> list[dict[str, Any]]:
+    """Per tier: number, type, path, capacity, used bytes, segments (and free pool files)."""
+    used = {t.number: 0 for t in tiers}
+    segs = {t.number: 0 for t in tiers}
+    for st in states:
+        for s in st.segments.values():
+            used[s.tier] += s.extent
+            segs[s.tier] += 1
+    out = []
+    for t in tiers:
+        row: dict[str, Any] = {"tier": t.number, "type": t.type, "path": t.path,
+                               "capacity": t.capacity, "used": used[t.number],
+                               "segments": segs[t.number]}
+        if t.has_pool:
+            row["pool_files"] = t.pool_size
+            row["pool_free"] = t.free_pool_files()
+        out.append(row)
+    return out
+
+
+__all__ = ["bytes_between", "offset_for_time", "planned_chunks", "segment_infos", "tier_usage",
+           "used_bytes"]

@@ -84,6 +84,7 @@ def _open_saved(files: RootFiles, saved: dict[str, Any], given: Mapping[str, Any
     _check_layout(root, base, given, saved["layout"])
     effective = base.with_overrides(given)
     specs = effective.tiers(root)
+    check_shared_tiers(root, specs)
     _check_tier_dirs(files, store_id, specs)
     claim_local_tiers(root, store_id, specs)
     tiers = [make_tier(spec, effective) for spec in specs]
@@ -106,6 +107,7 @@ def _open_saved(files: RootFiles, saved: dict[str, Any], given: Mapping[str, Any
 def _create(files: RootFiles, root: str, config: StoreConfig) -> None:
     """Create the store at ``root``: make and claim its tiers, then save ``_store.json``."""
     specs = config.tiers(root)
+    check_shared_tiers(root, specs)
     _check_distinct_tiers(root, specs)
     store_id = uuid.uuid4().hex
     check_apart(root, store_id, specs)
@@ -135,6 +137,22 @@ def _create(files: RootFiles, root: str, config: StoreConfig) -> None:
                           "under its lock: was it written by hand?")
 
 
+def is_shared(root: str, specs: list[TierSpec]) -> bool:
+    """Whether the store is shared by many hosts: its root is on S3 and its last tier is
+    REMOTE, the one every host reaches (see :mod:`tier_store.sharing`)."""
+    return is_url(root) and len(specs) > 1 and specs[-1].type == "REMOTE"
+
+
+def check_shared_tiers(root: str, specs: list[TierSpec]) -> None:
+    """A shared store has one local tier, per host, and the REMOTE one: a segment moved to a
+    local tier between them would be on one host only."""
+    if is_shared(root, specs) and len(specs) != 2:
+        raise ConfigError(
+            f"storage.tiers.types={','.join(s.type for s in specs)}: the store at {root} is "
+            "shared by many hosts (an s3:// root with a REMOTE tier), which takes two tiers: "
+            "one local to each host, then the REMOTE one, e.g. NVME,REMOTE or PMEM,REMOTE")
+
+
 def _check_distinct_tiers(root: str, specs: list[TierSpec]) -> None:
     """A new store's tiers are each a place of their own, apart from the root's own files."""
     real_root = root if is_url(root) else os.path.realpath(root)
@@ -160,6 +178,11 @@ def _check_tier_dirs(files: RootFiles, store_id: str, specs: list[TierSpec]) -> 
     root = files.root
     for spec in specs:
         if is_url(spec.path):
+            continue
+        if is_shared(root, specs):
+            # Each host has its own tier 1 at this path, claimed by the first open there; a
+            # host's copies are a cache of the shared tier, so a lost one is made again.
+            makedirs_durable(spec.path)
             continue
         outside = is_url(root) or not inside(os.path.realpath(root),
                                              os.path.realpath(spec.path))

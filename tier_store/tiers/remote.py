@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -141,3 +141,23 @@ class RemoteTier(Tier):
                 mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
                 ts = mtime.timestamp() if hasattr(mtime, "timestamp") else float(mtime or 0)
                 yield int(pname), name, self.fs.unstrip_protocol(info["name"]), ts
+
+    def write_parts(self, path: str, parts: Iterable[bytes], total: int) -> None:
+        """Write an object of ``total`` bytes from ``parts``, streamed (large ones go up in
+        several requests and appear whole, on completion); durable on return."""
+        self.charge_write(total)
+        if self._on_local_fs:
+            local = self.fs._strip_protocol(path)
+            d = os.path.dirname(local)
+            makedirs_durable(d)
+            tmp = write_temp(d, b"".join(parts))
+            os.replace(tmp, local)
+            fsync_dir(d)
+            return
+        written = 0
+        with self.fs.open(path, "wb") as f:
+            for part in parts:
+                f.write(part)
+                written += len(part)
+        if written != total:
+            raise PafkaError(f"{path}: wrote {written} bytes, expected {total}")
