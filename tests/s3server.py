@@ -1,16 +1,15 @@
 """A real S3 server for the tests: a one-node Ceph cluster with its S3 gateway (radosgw).
 
 One monitor, one OSD keeping its objects in memory (``memstore``), pools of size 1, radosgw with
-the ``beast`` frontend on 127.0.0.1 and a free port; cephx (radosgw fails with ``none``). Each
-daemon runs in the foreground in its own process group, with all its state (configuration,
-keyring, data, logs, sockets, pid files) in one directory: clusters run side by side, nothing is
-written to /etc/ceph or /var/lib/ceph, and free ports keep a killed run's leftovers out of the
-way. A watchdog process holding a pipe from the starting process kills the daemons when that
-process exits in any way (SIGKILL too), unless the cluster is to outlive it (the CLI's start).
+the ``beast`` frontend on a free port of 127.0.0.1 or ``host``; cephx (radosgw fails with
+``none``). Each daemon runs in the foreground in its own process group, with all its state
+(configuration, keyring, data, logs, sockets, pid files) in one directory: clusters run side by
+side, nothing goes to /etc/ceph or /var/lib/ceph, free ports keep a killed run's leftovers away.
+A watchdog holding a pipe from the starting process kills the daemons when it exits (SIGKILL too).
 
-By hand::
+By hand (HOST: the address radosgw listens on, e.g. a bridge's; 127.0.0.1 when not given)::
 
-    .venv/bin/python -m tests.s3server start DIR   # prints ``export ...`` lines, keeps running
+    .venv/bin/python -m tests.s3server start DIR [HOST]  # prints ``export ...``, keeps running
     .venv/bin/python -m tests.s3server stop DIR
 
 Needs the Debian packages ``ceph-mon ceph-osd radosgw ceph-common`` (``.ci/setup`` installs them).
@@ -81,7 +80,7 @@ mon data = {d}/mon
 osd data = {d}/osd0
 
 [client.rgw]
-rgw frontends = beast endpoint=127.0.0.1:{rgw_port} tcp_nodelay=1
+rgw frontends = beast endpoint={rgw_host}:{rgw_port} tcp_nodelay=1
 rgw data = {d}/rgw
 rgw thread pool size = 32
 rgw enable usage log = false
@@ -97,8 +96,8 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 
 
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.create_server((host, 0)) as s:
         return s.getsockname()[1]
 
 
@@ -157,10 +156,10 @@ class S3Server:
         return name
 
     @classmethod
-    def start(cls, base: str | None = None, *, outlive: bool = False,
-              timeout: float = 180.0, memstore_bytes: int = 2 << 30) -> S3Server:
-        """Build a cluster in ``base`` (a new temporary directory when None) and wait until a
-        real S3 call works. Unless ``outlive``, a watchdog stops it when this process exits."""
+    def start(cls, base: str | None = None, *, outlive: bool = False, timeout: float = 180.0,
+              memstore_bytes: int = 2 << 30, host: str = "127.0.0.1") -> S3Server:
+        """Build a cluster in ``base`` (a new temporary directory when None), radosgw on ``host``;
+        wait until a real S3 call works. Unless ``outlive``, a watchdog stops it at our exit."""
         if missing_binaries():
             raise CephError(f"Ceph programs not found: {', '.join(missing_binaries())} (install "
                             "ceph-mon ceph-osd radosgw ceph-common)")
@@ -170,10 +169,10 @@ class S3Server:
             raise CephError(f"{base}: not empty; a test cluster needs an empty directory")
         for sub in ("run", "log", "crash", "mon", "osd0", "rgw"):
             os.mkdir(os.path.join(base, sub))
-        state = {"fsid": str(uuid.uuid4()), "mon_port": free_port(), "rgw_port": free_port(),
-                 "access_key": "PAFKA" + uuid.uuid4().hex[:15].upper(),
-                 "secret_key": uuid.uuid4().hex + uuid.uuid4().hex[:8], "pids": {},
-                 "stopped": False}
+        state = {"fsid": str(uuid.uuid4()), "mon_port": free_port(), "rgw_host": host,
+                 "rgw_port": (port := free_port(host)), "endpoint": f"http://{host}:{port}",
+                 "access_key": "PAFKA" + uuid.uuid4().hex[:15].upper(), "pids": {},
+                 "secret_key": uuid.uuid4().hex + uuid.uuid4().hex[:8], "stopped": False}
         server = cls(base, state, owned=True)
         with open(server._path("ceph.conf"), "w") as f:
             f.write(CONF.format(d=base, memstore_bytes=memstore_bytes, **state))
@@ -374,8 +373,9 @@ def _watch(base: str) -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if len(argv) != 2 or argv[0] not in ("start", "stop", "watch", "env"):
-        sys.stderr.write("usage: python -m tests.s3server start|stop|env DIR\n")
+    if not 2 <= len(argv) <= 2 + (argv[:1] == ["start"]) or argv[0] not in (
+            "start", "stop", "watch", "env"):
+        sys.stderr.write("usage: python -m tests.s3server start DIR [HOST] | stop|env DIR\n")
         return 2
     cmd, base = argv[0], os.path.abspath(argv[1])
     if cmd == "watch":
@@ -385,7 +385,7 @@ def main(argv: list[str]) -> int:
         S3Server.attach(base).close(remove=False)
         return 0
     if cmd == "start":
-        server = S3Server.start(base, outlive=True)
+        server = S3Server.start(base, outlive=True, host=(argv[2:] or ["127.0.0.1"])[0])
         server.state["bucket"] = server.new_bucket("pafka-shared")
         server._save()
         log.info("daemons' RSS: %.0f MB", server.rss_bytes() / 2**20)
