@@ -34,6 +34,12 @@ on it while newer ones sat below):
 
 On a pmem tier capacity is its pool and a segment occupies one whole pool file, as in Pafka.
 
+On a store shared by many hosts (tier 1 per host, then the shared tier) the rule is
+:func:`plan_compaction` instead: every tier-1 segment that may move (``sealed``: the service
+asks the store which are sealed as far as the log can tell) is copied to the shared tier,
+oldest first, and nothing else moves. A host's tier 1 is its own: each host evicts its copies
+itself, beyond the thresholds, and never takes segments back from the shared tier.
+
 A settled state (the moves of a plan applied, no new data) plans no moves: the amounts
 computed from it are the amounts it holds, or, where it holds less than ``low``, amounts the
 next segment did not fit in before either.
@@ -130,6 +136,15 @@ def plan_moves(segments: Sequence[SegmentView], tiers: Sequence[TierView], low: 
     for s in sorted(ups, key=newest_first(age)):
         out.append(Move(s.topic, (s.id,), s.tier, place[(s.topic, s.id)], s.bytes))
     return out
+
+
+def plan_compaction(segments: Sequence[SegmentView], shared: int) -> list[Move]:
+    """On a store shared by many hosts: every movable segment on a tier below ``shared`` (some
+    host's tier 1) to the shared tier ``shared``, one move each, oldest (by ``last_ts``)
+    first."""
+    chosen = sorted((s for s in segments if s.sealed and s.tier < shared),
+                    key=lambda s: (s.last_ts, s.topic, s.partition, s.seq))
+    return [Move(s.topic, (s.id,), s.tier, shared, s.bytes) for s in chosen]
 
 
 def assign_tiers(segments: Sequence[SegmentView], tiers: Sequence[TierView], low: float,

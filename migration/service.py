@@ -22,6 +22,14 @@ Each run:
 5. Reclaim again, and add the run to the store's totals
    (:meth:`tier_store.Store.save_migration_totals`, shown by ``pafka tiers``).
 
+On a store shared by many hosts (an ``s3://`` root, tier 1 on each host, then a REMOTE tier
+every host reaches) the service runs once per store, in the driver, and **compacts**: step 3
+plans with :func:`~migration.policy.plan_compaction` (every tier-1 segment of any host that
+the log shows sealed, to the shared tier, oldest first; ``storage.migrate.threshold`` does not
+stop it, since every bundle stays until its segment is compacted), the copies read the
+chunks from their bundles, and step 5 also deletes the bundles no committed chunk names and
+evicts this host's own tier 1 (:meth:`tier_store.Store.evict_local`). Retention is as above.
+
 A segment whose file cannot be read (gone with a tier on RAM after a reboot, or corrupt)
 affects only itself: its move is skipped with a warning naming it, it is not planned again for
 a while (a back-off from ``FAILED_RETRY_S`` doubling up to ``FAILED_RETRY_MAX_S``), and every
@@ -52,7 +60,7 @@ from tier_store import (
     seal_idle,
 )
 
-from .policy import Move, SegmentView, TierView, plan_moves
+from .policy import Move, SegmentView, TierView, plan_compaction, plan_moves
 from .stats import MigrationStats, read_stats, save_run
 from .throttle import Throttle
 
@@ -76,15 +84,17 @@ def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
     for name in store.topics():
         try:
             segments = store.topic(name).segments()
+            # On a shared store the hosts' pointers are not visible here: the log decides.
+            ready = store.compactable(name) if store.is_shared else None
         except (CorruptLog, CorruptState) as e:  # one topic's damage stops no other
             log.warning("topic %s: not migrated, its commit log is damaged: %s", name, e)
             continue
         for s in segments:
             # A segment with chunks a writer may still commit waits: moving it would make
             # that commit fail.
+            movable = s.sealed and s.settled if ready is None else s.id in ready
             segs.append(SegmentView(name, s.id, s.partition, SegmentId.parse(s.id).seq, s.tier,
-                                    s.bytes, s.last_timestamp, s.sealed and s.settled,
-                                    s.file_bytes))
+                                    s.bytes, s.last_timestamp, movable, s.file_bytes))
     tiers = []
     seg_bytes = store.config["log.segment.bytes"]
     for u in store.tier_usage():
@@ -151,6 +161,8 @@ class MigrationService:
             segs = [dataclasses.replace(s, sealed=False)
                     if self._unreadable.get((s.topic, s.id, s.tier), (0.0, 0.0))[0] > now else s
                     for s in segs]
+        if self.store.is_shared:
+            return plan_compaction(segs, max(t.number for t in tiers))
         return plan_moves(segs, tiers, low, high, self.store.config["log.segment.bytes"])
 
     def run_once(self) -> list[MoveResult]:
@@ -161,7 +173,7 @@ class MigrationService:
             self._follow_relocation()
             deleted = sum(len(ids) for ids in self._apply_retention().values())
             low, _ = self.band()
-            if low < 0:
+            if low < 0 and not self.store.is_shared:
                 self._collect_garbage()  # the files retention deleted, after their grace
                 self._finish_run([], deleted)
                 return []
@@ -198,7 +210,7 @@ class MigrationService:
                                  len(batch) - max(0, free[target]), target)
                         batch = batch[:max(0, free[target])]
                     done += self._execute(batch)
-            self._collect_garbage()
+            self._collect_garbage(last=True)
             self._finish_run(done, deleted)
             return done
 
@@ -228,12 +240,20 @@ class MigrationService:
                 f"{name}/{sid}" for name, ids in deleted.items() for sid in ids))
         return deleted
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self, last: bool = False) -> None:
+        """Reclaim files past their grace; on a run's ``last`` pass on a shared store, also
+        bundles no chunk names, and this host's tier-1 copies beyond the threshold."""
+        sweep = last and self.store.is_shared
         for name in self.store.topics():
             try:
-                self.store.collect_garbage(self.store.topic(name))
+                self.store.collect_garbage(self.store.topic(name), bundles=sweep)
             except (PafkaError, OSError) as e:
                 log.warning("topic %s: garbage collection failed: %s", name, e)
+        if sweep:
+            try:
+                self.store.evict_local()
+            except (PafkaError, OSError) as e:
+                log.warning("evicting this host's tier 1 failed: %s", e)
         try:
             # Files of deleted topics that readers pinned when the topic was deleted.
             self.store.reclaim_deleted()

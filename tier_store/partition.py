@@ -74,6 +74,7 @@ class PartitionLog:
         self.host = host
         self._setting = setting
         self._state = log.refresh
+        self._log = log
         self._flusher = flusher
         self.pointer_dir = host.pointer_dir(topic, log.current.topic_id)
         self._pointer = os.path.join(self.pointer_dir, f"{number}.active")
@@ -109,35 +110,7 @@ class PartitionLog:
 
     def active_segment(self) -> tuple[int, int] | None:
         """(sequence, tier) named by the partition's pointer; None if it has none."""
-        try:
-            fd = os.open(self._pointer, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno != errno.ELOOP:
-                raise
-            # Never read through a link: the next roll replaces it (a rename, not a write
-            # through it) with a pointer of its own.
-            log.warning("topic %s partition %d: active pointer %s is a symbolic link, not "
-                        "followed; the next append starts a new segment", self.topic,
-                        self.number, self._pointer)
-            return None
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read()
-        try:
-            ptr = json.loads(raw)
-            seq, tier = ptr["seq"], ptr["tier"]
-            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
-                       for v in (seq, tier)):
-                raise ValueError(f"seq and tier must be integers in [0, 2**62): {ptr!r}")
-            return seq, tier
-        except (ValueError, KeyError, TypeError):
-            # A machine crash after a deferred roll can leave the renamed pointer empty. No
-            # commit names that roll's segment (sync makes the pointer durable first).
-            log.warning("topic %s partition %d: active pointer %s is unreadable (%r); "
-                        "the next append starts a new segment", self.topic, self.number,
-                        self._pointer, raw[:64])
-            return None
+        return read_pointer(self._pointer, self.topic, self.number)
 
     # -- appending ------------------------------------------------------------------------
     def append(self, chunk: EncodedChunk, durable: bool, now_ms: int,
@@ -149,6 +122,8 @@ class PartitionLog:
             check()
             seq, tier, w = self._active_writer(chunk.size, durable)
             hdr = self._checked_header(seq, tier, w)
+            if hdr is not None and self.host.shared is not None and self._moved(seq, tier):
+                hdr = None  # compacted to the shared tier: appends there would be refused
             if hdr is None or self.should_roll(hdr, chunk.size, w.capacity(), now_ms):
                 # A segment whose header must not be trusted is not sealed by the roll.
                 seq, tier, w = self._roll(seq, w if hdr else None, chunk.size, durable)
@@ -207,6 +182,12 @@ class PartitionLog:
             w.set_end(committed, durable=True)
         w.seal(durable=True)
         return None
+
+    def _moved(self, seq: int, tier: Tier) -> bool:
+        """Whether the log has segment ``seq`` on another tier than ``tier`` (moved), as
+        the header check just read it."""
+        seg = self._log.current.part(self.number).segments.get(seq)
+        return seg is not None and seg.tier != tier.number
 
     def sync(self) -> bool:
         """Make durable what deferred appends wrote here, and the pointer; True if the
@@ -363,6 +344,40 @@ class PartitionLog:
         return new_seq, tier, w
 
 
+def read_pointer(path: str, topic: str, number: int) -> tuple[int, int] | None:
+    """(sequence, tier) named by partition ``number``'s pointer file ``path``; None if there
+    is none, or it cannot be trusted (logged: the next append starts a new segment)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        # Never read through a link: the next roll replaces it (a rename, not a write
+        # through it) with a pointer of its own.
+        log.warning("topic %s partition %d: active pointer %s is a symbolic link, not "
+                    "followed; the next append starts a new segment", topic,
+                    number, path)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
+    try:
+        ptr = json.loads(raw)
+        seq, tier = ptr["seq"], ptr["tier"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
+                   for v in (seq, tier)):
+            raise ValueError(f"seq and tier must be integers in [0, 2**62): {ptr!r}")
+        return seq, tier
+    except (ValueError, KeyError, TypeError):
+        # A machine crash after a deferred roll can leave the renamed pointer empty. No
+        # commit names that roll's segment (sync makes the pointer durable first).
+        log.warning("topic %s partition %d: active pointer %s is unreadable (%r); "
+                    "the next append starts a new segment", topic, number,
+                    path, raw[:64])
+        return None
+
+
 def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_s: float,
                now: float) -> bool:
     """Whether every chunk of a segment file is committed, or the rest is older than the grace
@@ -377,4 +392,4 @@ def is_settled(path: str, hdr: SegmentHeader | None, committed_span: int, grace_
         return True
 
 
-__all__ = ["PartitionLog", "is_settled"]
+__all__ = ["PartitionLog", "is_settled", "read_pointer"]

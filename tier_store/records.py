@@ -38,6 +38,7 @@ class ChunkRef:
     host: str | None = None
     obj: str | None = None
     opos: int | None = None
+    shared_ms: int | None = None  # when the object was uploaded (the writer's clock)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

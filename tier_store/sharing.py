@@ -21,12 +21,13 @@ import dataclasses
 import logging
 import os
 import posixpath
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .chunk import checksum
-from .errors import CorruptSegment, InvalidArgument
+from .errors import CommitConflict, CorruptSegment, InvalidArgument
 from .ids import check_bundle, host_id, host_seqs
 from .ownership.hosts import host_number
 from .records import ChunkRef
@@ -112,9 +113,24 @@ def share(shared: SharedTier, incarnation: str, refs: Sequence[ChunkRef],
     shared.tier.write_parts(url, parts(), pos)  # type: ignore[attr-defined]
     log.debug("shared %d chunks (%d bytes) of topic %s as %s", len(todo), pos, todo[0].topic,
               url)
-    done = {id(r): dataclasses.replace(r, host=shared.host, obj=obj, opos=at[i])
+    now = int(time.time() * 1000)
+    done = {id(r): dataclasses.replace(r, host=shared.host, obj=obj, opos=at[i], shared_ms=now)
             for i, r in enumerate(todo)}
     return [done.get(id(r), r) for r in refs]
 
 
-__all__ = ["BUNDLES_DIR", "BUNDLE_SUFFIX", "SharedTier", "share"]
+
+
+def check_fresh(refs: Sequence[ChunkRef], grace_ms: int, now_ms: int) -> None:
+    """:class:`CommitConflict` for a chunk shared longer than ``grace_ms`` ago: its object
+    may be reclaimed as never committed (``log.cleanup.grace.ms`` must exceed any batch)."""
+    for r in refs:
+        if r.shared_ms is not None and now_ms - r.shared_ms > grace_ms:
+            raise CommitConflict(
+                f"topic {r.topic!r} partition {r.partition}: the chunk was shared "
+                f"{(now_ms - r.shared_ms) / 1000:.0f} s ago, longer than log.cleanup.grace.ms "
+                f"({grace_ms / 1000:.0f} s): its object may be reclaimed as never committed. "
+                "Write the batch again, or raise log.cleanup.grace.ms above the longest batch")
+
+
+__all__ = ["BUNDLES_DIR", "BUNDLE_SUFFIX", "SharedTier", "check_fresh", "share"]

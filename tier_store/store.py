@@ -43,9 +43,11 @@ from .errors import (
     TopicNotFound,
 )
 from .layout import MIGRATION_FILE, check_topic_name
-from .maintenance import deletion, garbage, housekeeping
+from .maintenance import deletion, eviction, garbage, housekeeping
+from .maintenance.bundles import reclaim_bundles
 from .maintenance.check import CheckReport, check_named, readable_states
-from .maintenance.moves import MoveResult, move_segment
+from .maintenance.eviction import Evicted
+from .maintenance.moves import MoveResult, compactable_ids, move_segment
 from .ownership import (
     RelocationFence,
     RootFiles,
@@ -126,8 +128,7 @@ class Store:
         return store_identity(root_location(root))
 
     def migration_totals(self) -> dict[str, Any]:
-        """The migration service's counters since the store was made ({} before its first
-        run)."""
+        """The migration service's counters since the store was made ({} before a run)."""
         return read_json_object(self.files, MIGRATION_FILE, _FRESH_TOTALS)
 
     def save_migration_totals(self, totals: Mapping[str, Any]) -> None:
@@ -142,9 +143,8 @@ class Store:
         return _update_totals(self.files, change)
 
     def relocated(self) -> bool:
-        """Whether a tier was relocated since this handle opened the store: its commits and
-        moves of data written to that tier are then refused; :meth:`reopen` gives a handle
-        on the tiers' new places."""
+        """Whether a tier was relocated since this handle opened the store (its commits and
+        moves of data written there are refused; :meth:`reopen` opens the new places)."""
         return self._fence.relocated()
 
     def reopen(self) -> Store:
@@ -210,8 +210,7 @@ class Store:
         return deletion.delete_topic(self, name)
 
     def reclaim_deleted(self) -> int:
-        """Reclaim what deleted topics left that no reader pins any more; returns how many
-        files are still pinned."""
+        """Reclaim what deleted topics left no reader pins; returns how many are pinned."""
         return deletion.reclaim_deleted(self)
 
     def forget_topic(self, name: str, incarnation: str = "") -> None:
@@ -258,7 +257,8 @@ class Store:
 
     def used_bytes(self) -> dict[int, int]:
         """Committed bytes per tier, accounted from every topic's state."""
-        return views.used_bytes(self.tiers, self._states())
+        shared = self.shared
+        return views.used_bytes(self.tiers, self._states(), shared and shared.host)
 
     def tier_usage(self) -> list[dict[str, Any]]:
         """Per tier: number, type, path, capacity, used bytes, segments (and free pool files)."""
@@ -329,8 +329,7 @@ class Store:
         return self._fence.publishing(tiers)
 
     def relocation(self, number: int) -> int:
-        """How many times tier ``number`` had been relocated when this handle opened the
-        store: what its writes record."""
+        """How often tier ``number`` was relocated when this handle opened the store."""
         return self._fence.relocation(number)
 
     def claim_remote(self, tier: Tier) -> None:
@@ -340,9 +339,21 @@ class Store:
         if tier.is_remote:
             claim_tier(self.root, self.id, tier.number, claim_of(tier.number, tier.path))
 
-    def collect_garbage(self, topic: Topic) -> int:
-        """Reclaim unreferenced segment files of ``topic`` past the grace period."""
-        return garbage.collect_garbage(topic)
+    def collect_garbage(self, topic: Topic, bundles: bool = False) -> int:
+        """Reclaim unreferenced segment files of ``topic`` past the grace period, and with
+        ``bundles`` its bundles no chunk names (:mod:`tier_store.maintenance.bundles`)."""
+        return garbage.collect_garbage(topic) + (reclaim_bundles(topic) if bundles else 0)
+
+    def compactable(self, topic: str) -> set[str]:
+        """On a shared store, the ids of ``topic``'s segments on some host's tier 1 that a
+        compaction may copy to the shared tier now (see ``compactable_ids``)."""
+        t = self.topic(topic)
+        return compactable_ids(t, t.state())
+
+    def evict_local(self, now: float | None = None, every: float = 0.0) -> Evicted | None:
+        """On a shared store, free this host's tier 1 (:mod:`tier_store.maintenance.eviction`)
+        unless this process did less than ``every`` seconds ago (then None)."""
+        return eviction.evict_local(self, now, every)
 
     def after_commit(self, topic: Topic) -> None:
         """Housekeeping after ``topic`` published a commit: checkpoint, garbage, retention

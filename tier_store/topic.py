@@ -246,6 +246,7 @@ class Topic(positions.GroupPositions):
             return []
         if self.store.shared is not None:
             refs = self.share(refs)  # those written here and not shared yet
+            sharing.check_fresh(refs, self.setting("log.cleanup.grace.ms"), now_ms())
         # The relocation check comes first (and holds through the publish): a chunk written
         # to a tier's old place must be refused, not taken for one already committed.
         with self.log.lock:

@@ -111,12 +111,17 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
     return out
 
 
-def used_bytes(tiers: list[Tier], states: list[TopicState]) -> dict[int, int]:
-    """Committed bytes per tier, accounted from the topics' states."""
+def used_bytes(tiers: list[Tier], states: list[TopicState], host: str | None = None
+               ) -> dict[int, int]:
+    """Committed bytes per tier, accounted from the topics' states; on a shared store
+    (``host`` given) a local tier counts that host's segments only, as each host has its
+    own."""
     used = {t.number: 0 for t in tiers}
+    local = {t.number for t in tiers if t.local}
     for st in states:
         for s in st.segments.values():
-            used[s.tier] = used.get(s.tier, 0) + s.extent
+            if host is None or s.tier not in local or s.host == host:
+                used[s.tier] = used.get(s.tier, 0) + s.extent
     return used
 
 

@@ -63,6 +63,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from migration import MigrationService
     store = sc.open_store(args.root, sc.config_args(args.set) or None, cls=sc.ReportingStore)
     assert isinstance(store, sc.ReportingStore)
+    if args.local:
+        return _evict(store, args.follow)
     svc = MigrationService(store)
     svc.band()  # a misconfigured band fails here, --follow too
     if args.follow:
@@ -104,6 +106,34 @@ def _follow(store: sc.ReportingStore, svc: MigrationService) -> int:
             time.sleep(interval)
     except KeyboardInterrupt:
         return 0
+
+
+def _evict(store: sc.ReportingStore, follow: bool) -> int:
+    """``pafka migrate --local``: evict this host's tier 1 once, or on every interval."""
+    if store.shared is None:
+        raise InvalidArgument(f"{store.root} is not shared by many hosts (an s3:// root with a "
+                              "REMOTE last tier): --local has nothing of its own to do; run "
+                              "pafka migrate without it")
+    interval = store.config["storage.migrate.interval.ms"] / 1000
+    while True:
+        try:
+            r = store.evict_local()
+        except Exception as e:
+            if not follow:
+                raise
+            # One failed pass (the root unreachable a moment) must not end the loop.
+            out.echo(f"pafka: eviction failed: {out.error_text(e)}; next in {interval:g} s",
+                     err=True, flush=True)
+            time.sleep(interval)
+            continue
+        assert r is not None
+        limit = "" if r.limit is None else f" of {r.limit} allowed"
+        out.echo(f"tier 1 of host {store.shared.host}: released {r.garbage} unreferenced files "
+                 f"and {r.copies} local copies ({r.copy_bytes} bytes); {r.used} bytes "
+                 f"used{limit}", flush=True)
+        if not follow:
+            return 0
+        time.sleep(interval)
 
 
 def cmd_delete_topic(args: argparse.Namespace) -> int:

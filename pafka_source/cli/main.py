@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a changeable store key for this run, e.g. storage.migrate.threshold=0.3"
                         " (not tier sizes or paths: see pafka resize and pafka relocate)")
+    m.add_argument("--local", action="store_true",
+                   help="on a store shared by many hosts: evict this host's own tier 1 only "
+                        "(files compacted or deleted, and local copies beyond the threshold)")
     m.set_defaults(func=cmd_migrate)
     for name, func, help, arg, arg_help in [
             ("resize", cmd_resize, "change a tier's capacity (a PMEM tier's pool follows) and "

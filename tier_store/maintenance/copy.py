@@ -21,7 +21,8 @@ file; garbage collection reclaims what a crash leaves):
 3. Verify every chunk's checksum at its new position.
 4. ``link`` the file to the segment's name (only if no other file holds it), then unlink
    the temporary name and sync the directories. On a remote tier: write the object whole
-   (it becomes visible only once complete) and verify it by ranged reads.
+   (it becomes visible only once complete) and verify it by reading it back whole. On
+   a store shared by many hosts the chunks come from their bundles (:mod:`.bundles`).
 
 The lock is held by the caller until its ``move`` entry is published or the copy is
 discarded (:func:`discard_own`, a move that lost its race).
@@ -56,6 +57,7 @@ from ..state import SegmentState
 from ..tiers import NO_SPACE
 from ..tiers.pmem_writer import PmemSegmentWriter
 from .adopt import layout
+from .bundles import source_chunks
 
 if TYPE_CHECKING:
     from ..tiers import Tier
@@ -128,17 +130,15 @@ def discard_own(target: Tier, final: str, lock: int) -> None:
 
 def upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarray,
             throttle: Callable[[int], None] | None, final: str) -> list[ChunkRecord]:
-    """Write the segment whole to a remote tier, then read it back to verify."""
-    store = topic.store
+    """Write the segment whole to a remote tier, then read it back (one read) to verify.
+    The chunks come from :func:`.bundles.source_chunks`, checked before the upload."""
     p, seq = segs[0].partition, segs[0].seq
-    tiers = {s.seq: s.tier for s in segs}
     out = pa.BufferOutputStream()
     out.write(b"\0" * HEADER_SIZE)
     chunks, end = layout(rows, p, seq, target.number)
     pos = HEADER_SIZE
-    for r, c in zip(rows, chunks, strict=True):
-        src = store.tier(tiers[int(r["seq"])]).segment_path(topic.name, p, int(r["seq"]))
-        buf = _read_source(topic, p, int(r["seq"]), src, int(r["pos"]), c.length)
+    # Each checked against its checksum: on a shared store from bundles, by ranged reads.
+    for c, buf in zip(chunks, source_chunks(topic, segs, rows), strict=True):
         if c.pos > pos:
             out.write(b"\0" * (c.pos - pos))
         out.write(buf)
@@ -156,8 +156,13 @@ def upload(topic: Topic, target: Tier, segs: list[SegmentState], rows: np.ndarra
     # becomes visible only once complete.
     target.write_whole(final, data)
     try:
+        # One read of the whole object back, not one per chunk.
+        back = read_range(final, 0, len(data))
+        if len(back) != len(data):
+            raise CorruptSegment(f"{final}: {len(back)} bytes read back after upload, "
+                                 f"{len(data)} written; move abandoned")
         for c in chunks:
-            if checksum(read_range(final, c.pos, c.length)) != c.checksum:
+            if checksum(back.slice(c.pos, c.length)) != c.checksum:
                 raise CorruptSegment(f"{final}: chunk with offsets [{c.base}, "
                                      f"{c.base + c.records}) does not match its checksum "
                                      "after upload; move abandoned")

@@ -154,7 +154,6 @@ def collect_garbage(topic: Topic, now: float | None = None) -> int:
     """Reclaim ``topic``'s unreferenced segment files past the grace period; return count."""
     store = topic.store
     now = time.time() if now is None else now
-    grace_s = topic.setting("log.cleanup.grace.ms") / 1000.0
     st = topic.state()
     reclaimed = 0
     for tier in store.tiers:
@@ -165,55 +164,69 @@ def collect_garbage(topic: Topic, now: float | None = None) -> int:
             log.warning("topic %s: no garbage collection on tier %d: %s", topic.name,
                         tier.number, e)
             continue
-        candidates: dict[int, list[tuple[str, str, float]]] = {}
-        actives: dict[int, tuple[int, int] | None] = {}
-        for p, name, path, mtime in tier.partition_files(topic.name):
-            if p not in actives:
-                actives[p] = topic.active_segment(p) if p < st.partitions else None
-            if name.startswith(TMP_PREFIX):
-                # A copy of an interrupted move (a live move keeps touching its copy).
-                if now - mtime > grace_s:
-                    candidates.setdefault(p, []).append((name, path, mtime))
-                continue
-            if not name.endswith(SEGMENT_SUFFIX) or not name[: -len(SEGMENT_SUFFIX)].isdigit():
-                continue
-            seq = int(name[: -len(SEGMENT_SUFFIX)])
-            sid = segment_id(p, seq)
-            seg = st.segments.get(sid)
-            if (seg is not None and seg.tier == tier.number) or actives[p] == (seq, tier.number):
-                continue
-            tomb = _tombstone_s(st, sid, tier.number)
-            if (tomb and tier.pinned_by_readers) or now - max(mtime, tomb) > grace_s:
-                candidates.setdefault(p, []).append((name, path, mtime))
-        for p, files in candidates.items():
-            with store.partition_lock(topic.name, p, blocking=False) as held, \
-                    _remote_names(store, tier, topic.name, p) as free:
-                if not held or not free:
-                    continue
-                # The active pointer may have moved while we looked: re-check under the lock.
-                active = topic.active_segment(p)
-                for name, path, mtime in files:
-                    of: str | None = None  # the segment it is a file of; None: a temp file
-                    if name.endswith(SEGMENT_SUFFIX):
-                        seq = int(name[: -len(SEGMENT_SUFFIX)])
-                        if active == (seq, tier.number):
-                            continue
-                        of = segment_id(p, seq)
-                    if tier.local:
-                        if not release_file(tier, path, lambda s, of=of, t=tier:
-                                            _may_reclaim(topic, t, of, s.st_mtime, now,
-                                                         grace_s)):
-                            continue
-                    else:
-                        # Checked again under the remote-name lock: a move that uploaded
-                        # this name since it was listed has published its entry by now.
-                        if not _may_reclaim(topic, tier, of, mtime, now, grace_s):
-                            continue
-                        tier.release_segment(path)
-                    crash_point("gc.release")
-                    reclaimed += 1
-                    log.info("reclaimed unreferenced segment file %s", path)
+        reclaimed += collect_tier(topic, tier, st, now)
     return reclaimed
 
 
-__all__ = ["collect_garbage", "release_file"]
+def collect_tier(topic: Topic, tier: Tier, st: TopicState, now: float,
+                 seqs: range | None = None) -> int:
+    """Reclaim ``topic``'s unreferenced files on ``tier`` (``st``: its state, read before
+    listing) past the grace period; with ``seqs``, only segment files numbered in it (and
+    temporary files): one host's, on a store shared by many. Returns the count."""
+    store = topic.store
+    grace_s = topic.setting("log.cleanup.grace.ms") / 1000.0
+    reclaimed = 0
+    candidates: dict[int, list[tuple[str, str, float]]] = {}
+    actives: dict[int, tuple[int, int] | None] = {}
+    for p, name, path, mtime in tier.partition_files(topic.name):
+        if p not in actives:
+            actives[p] = topic.active_segment(p) if p < st.partitions else None
+        if name.startswith(TMP_PREFIX):
+            # A copy of an interrupted move (a live move keeps touching its copy).
+            if now - mtime > grace_s:
+                candidates.setdefault(p, []).append((name, path, mtime))
+            continue
+        if not name.endswith(SEGMENT_SUFFIX) or not name[: -len(SEGMENT_SUFFIX)].isdigit():
+            continue
+        seq = int(name[: -len(SEGMENT_SUFFIX)])
+        if seqs is not None and seq not in seqs:
+            continue
+        sid = segment_id(p, seq)
+        seg = st.segments.get(sid)
+        if (seg is not None and seg.tier == tier.number) or actives[p] == (seq, tier.number):
+            continue
+        tomb = _tombstone_s(st, sid, tier.number)
+        if (tomb and tier.pinned_by_readers) or now - max(mtime, tomb) > grace_s:
+            candidates.setdefault(p, []).append((name, path, mtime))
+    for p, files in candidates.items():
+        with store.partition_lock(topic.name, p, blocking=False) as held, \
+                _remote_names(store, tier, topic.name, p) as free:
+            if not held or not free:
+                continue
+            # The active pointer may have moved while we looked: re-check under the lock.
+            active = topic.active_segment(p)
+            for name, path, mtime in files:
+                of: str | None = None  # the segment it is a file of; None: a temp file
+                if name.endswith(SEGMENT_SUFFIX):
+                    seq = int(name[: -len(SEGMENT_SUFFIX)])
+                    if active == (seq, tier.number):
+                        continue
+                    of = segment_id(p, seq)
+                if tier.local:
+                    if not release_file(tier, path, lambda s, of=of, t=tier:
+                                        _may_reclaim(topic, t, of, s.st_mtime, now,
+                                                     grace_s)):
+                        continue
+                else:
+                    # Checked again under the remote-name lock: a move that uploaded
+                    # this name since it was listed has published its entry by now.
+                    if not _may_reclaim(topic, tier, of, mtime, now, grace_s):
+                        continue
+                    tier.release_segment(path)
+                crash_point("gc.release")
+                reclaimed += 1
+                log.info("reclaimed unreferenced segment file %s", path)
+    return reclaimed
+
+
+__all__ = ["collect_garbage", "collect_tier", "release_file"]

@@ -9,14 +9,17 @@ visible, under the committing handle's lock:
    (:meth:`~tier_store.topic.Topic.write_checkpoint`), then collect garbage
    (:mod:`.garbage`).
 2. Apply retention (:mod:`.retention`).
+3. On a store shared by many hosts, reclaim the topic's bundles no committed chunk names
+   (:mod:`.bundles`), at most every :func:`.bundles.sweep_interval` seconds per topic in
+   this process: a listing per commit would cost more than the commit.
 
 Each step is crash-safe on its own (see its module); a crash between them leaves the rest
 to a later commit.
 
-DANGER: what its steps delete: segments past retention, unreferenced segment files (see
-those modules for what protects readers), and the commit-log entries and checkpoints a new
-checkpoint supersedes, once older than ``log.cleanup.grace.ms`` (a reader loading the log
-meanwhile still finds them). Its own rule: the
+DANGER: what its steps delete: segments past retention, unreferenced segment files and
+bundles (see those modules for what protects readers), and the commit-log entries and
+checkpoints a new checkpoint supersedes, once older than ``log.cleanup.grace.ms`` (a reader
+loading the log meanwhile still finds them). Its own rule: the
 commit is already visible, so a failure here is logged, never raised. A caller told that
 its commit failed would retry it and, without a writer id, append its records twice. A
 failed checkpoint is written by a later commit (at most ``2 * log.checkpoint.interval``
@@ -28,6 +31,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from .bundles import reclaim_due
 from .garbage import collect_garbage
 from .retention import apply_retention
 
@@ -38,8 +42,8 @@ log = logging.getLogger(__name__)
 
 
 def after_commit(topic: Topic) -> None:
-    """Housekeeping after ``topic`` published a commit: checkpoint, garbage, retention.
-    Failures are logged, never raised (see the module docstring)."""
+    """Housekeeping after ``topic`` published a commit: checkpoint, garbage, retention,
+    bundles. Failures are logged, never raised (see the module docstring)."""
     version = topic.state(refresh=False).version
     interval = topic.setting("log.checkpoint.interval")
     if version % interval == 0 or version - topic.checkpointed_version >= 2 * interval:
@@ -55,6 +59,10 @@ def after_commit(topic: Topic) -> None:
         apply_retention(topic)
     except Exception as e:
         _failed(topic, version, "applying retention", e)
+    try:
+        reclaim_due(topic)
+    except Exception as e:
+        _failed(topic, version, "reclaiming bundles", e)
 
 
 def _failed(topic: Topic, version: int, what: str, e: Exception) -> None:

@@ -24,6 +24,12 @@ only once it is untouched for the grace period, so a live move's copy is never t
 A crash at any step loses nothing: before the commit, the log still names the old files (the
 copy is an unreferenced file that garbage collection reclaims); after it, the new ones.
 
+**Compaction**, on a store shared by many hosts (:mod:`tier_store.sharing`): a move of a
+segment on some host's tier 1 to the shared tier. The writing host's pointer and header are
+not visible here, so a source must be sealed as far as the log tells
+(:func:`compactable_ids`), and its chunks are read from this host's own file only when the
+segment is this host's, else from their bundles (:func:`.bundles.source_chunks`).
+
 **Re-adoption** (:mod:`.adopt`): a segment going back to a tier where its old file is still
 in its grace period takes that file back, when it is laid out exactly as a copy would be,
 instead of copying; anything else and the move waits (:class:`OldCopyInGrace`).
@@ -56,6 +62,7 @@ from ..conflicts import SegmentsUnchanged, planned
 from ..crash import crash_point
 from ..entries import ChunkRecord
 from ..errors import CommitConflict, InvalidArgument, SegmentNotMovable
+from ..ids import SEQ_SPAN
 from ..layout import REMOTE_LOCK, segment_id
 from ..partition import is_settled
 from ..pins import MAPS
@@ -146,6 +153,16 @@ def _sources(st: TopicState, topic: Topic, ids: Sequence[str]) -> list[SegmentSt
     if order[at:at + len(seqs)] != seqs:
         raise SegmentNotMovable(f"segments {list(ids)} of topic {topic.name!r} are not "
                                 f"adjacent in partition {p}")
+    if topic.store.shared is not None:
+        # The writing hosts' pointers and headers are not visible here: the log decides.
+        ready = compactable_ids(topic, st)
+        for s in segs:
+            if topic.store.tier(s.tier).local and s.id not in ready:
+                raise SegmentNotMovable(
+                    f"segment {s.id} of topic {topic.name!r} may still be host {s.host}'s "
+                    f"active segment of partition {p}: it moves once that host has rolled, "
+                    "or log.segment.ms + log.cleanup.grace.ms after its first commit")
+        return sorted(segs, key=lambda s: s.seq)
     active = topic.active_segment(p)
     for s in segs:
         if (s.seq, s.tier) == active and not _header_sealed(topic, s) or \
@@ -153,6 +170,28 @@ def _sources(st: TopicState, topic: Topic, ids: Sequence[str]) -> list[SegmentSt
             raise SegmentNotMovable(f"segment {s.id} of topic {topic.name!r} is the active "
                                     f"segment of partition {p}: only sealed segments move")
     return sorted(segs, key=lambda s: s.seq)
+
+
+def compactable_ids(topic: Topic, st: TopicState, now: float | None = None) -> set[str]:
+    """On a store shared by many hosts, the ids of the segments on a local tier (some
+    host's tier 1) that are sealed as far as the log can tell: the host that writes it has
+    rolled (a later segment of the partition in that host's range is committed), or its
+    first commit is older than ``log.segment.ms`` + ``log.cleanup.grace.ms`` (the host's
+    next append rolls, and a write still in flight older than that is refused at commit as
+    "moved"). A compaction copies such a segment to the shared tier."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    age_ms = topic.setting("log.segment.ms") + topic.setting("log.cleanup.grace.ms")
+    out: set[str] = set()
+    for part in st.parts:
+        newest: dict[int, int] = {}  # host range -> its highest committed segment number
+        for q in part.segments:
+            newest[q // SEQ_SPAN] = max(newest.get(q // SEQ_SPAN, q), q)
+        for q, seg in part.segments.items():
+            if not topic.store.tier(seg.tier).local:
+                continue
+            if q < newest[q // SEQ_SPAN] or now_ms - seg.first_ts > age_ms:
+                out.add(seg.id)
+    return out
 
 
 def _header_sealed(topic: Topic, seg: SegmentState) -> bool:
@@ -183,8 +222,11 @@ def _check_movable(topic: Topic, plan: _Plan, tier_number: int, final: str,
     if len(segs) == 1 and segs[0].tier == tier_number:
         raise SegmentNotMovable(f"segment {segs[0].id} of topic {topic.name!r} is already on "
                                 f"tier {tier_number}")
+    shared = topic.store.shared
     for s in segs:
         src = topic.store.tier(s.tier)
+        if shared is not None and s.seq not in shared.seqs:
+            continue  # another host's file: compactable_ids decided from the log
         path = src.segment_path(topic.name, s.partition, s.seq)
         span = int(sum(align(int(n)) for n in rows["length"][rows["seq"] == s.seq]))
         if src.local and not is_settled(path, src.read_header(path), span, grace_s,
@@ -328,4 +370,4 @@ def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,
                          "is under way, or its old copy is in its grace period); try later")
 
 
-__all__ = ["MoveResult", "OldCopyInGrace", "move_segment"]
+__all__ = ["MoveResult", "OldCopyInGrace", "compactable_ids", "move_segment"]
