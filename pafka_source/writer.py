@@ -79,6 +79,22 @@ def keep_freed_memory() -> bool:
     return _malloc_kept
 
 
+# How often a writing process frees its host's tier 1 on a shared store, at most.
+EVICT_EVERY_S = 10.0
+
+
+def _evict_here(topic: Topic) -> None:
+    """On a store shared by many hosts, free this host's tier 1 after a task wrote to it
+    (each host evicts its own files; the driver cannot). Never fails the task."""
+    try:
+        done = topic.store.evict_local(every=EVICT_EVERY_S)  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 (logged: the chunks are written and shared)
+        log.warning("topic %s: freeing this host's tier 1 failed: %s", topic.name, e)
+        return
+    if done is not None:
+        log.debug("topic %s: tier 1 of this host: %s", topic.name, done)
+
+
 @dataclass
 class PafkaCommitMessage(WriterCommitMessage):
     """What one task wrote: its chunks (not yet visible), the writer id and batch id."""
@@ -157,6 +173,7 @@ class _Writing:
         # On a store shared by many hosts: one object on the shared tier holds every chunk
         # of this task, so a committed batch survives the loss of this host.
         refs = topic.share(refs)
+        _evict_here(topic)
         return PafkaCommitMessage([r.to_dict() for r in refs],
                                   self.opts.writer_id or query_id, batch_id, records)
 
