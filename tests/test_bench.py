@@ -39,7 +39,8 @@ def tracked_state() -> tuple[str, dict[str, str]]:
     return status, hashes
 
 
-@pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py", "soak.py"])
+@pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py", "soak.py",
+                                    "scaleout_bench.py"])
 def test_help(script):
     r = run(script, "--help")
     assert r.returncode == 0, r.stderr
@@ -65,6 +66,9 @@ def test_help(script):
     ("soak.py", ["--minutes", "0"], "--minutes"),
     ("soak.py", ["--sample", "nan"], "--sample"),
     ("soak.py", ["--out", "bench"], "--out"),
+    ("scaleout_bench.py", ["--batches", "1"], "--batches"),
+    ("scaleout_bench.py", ["--rows", "x"], "--rows"),
+    ("scaleout_bench.py", ["--out", "bench"], "--out"),
 ])
 def test_bad_arguments_name_the_flag(script, args, flag):
     r = run(script, *args)
