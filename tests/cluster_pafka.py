@@ -69,3 +69,26 @@ def read(spark, root: str, conf_json: str, topic: str, stats: str) -> dict:
     with Store.open(root, json.loads(conf_json), create=False) as s:
         latest = s.topic(topic).latest_offsets()
     return {"rows": rows, "sum": total, "latest": latest, **_stats(stats)}
+
+
+def steps(spark, root: str, conf_json: str, plan_json: str, stats: str) -> list:
+    """Several jobs in one application (one cluster start): ``plan_json`` is a list of
+    ``["write", topic, n]``, ``["stream", source, target, checkpoint]``, ``["read", topic]``
+    and ``["wipe", directory]`` (empty a host's tier 1 between jobs); one result each."""
+    out = []
+    for step in json.loads(plan_json):
+        kind, args = step[0], [str(a) for a in step[1:]]
+        if kind == "write":
+            out.append(write(spark, root, conf_json, *args))
+        elif kind == "stream":
+            out.append(stream_copy(spark, root, conf_json, *args))
+        elif kind == "read":
+            out.append(read(spark, root, conf_json, args[0], stats))
+        elif kind == "wipe":
+            import shutil
+            for name in os.listdir(args[0]):
+                shutil.rmtree(os.path.join(args[0], name), ignore_errors=True)
+            out.append({"wiped": args[0]})
+        else:
+            raise ValueError(f"unknown step {step!r}")
+    return out
