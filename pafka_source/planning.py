@@ -299,7 +299,7 @@ def _counted(batches: Iterator[pa.RecordBatch], partition: PafkaPartition
     after = read_counts()
     delta = {k: after[k] - before[k] for k in after}
     here = host_id()
-    log.info("read %s: %d chunks on this host (%s), %d from elsewhere",
+    log.debug("read %s: %d chunks on this host (%s), %d from elsewhere",
              ", ".join(f"{p.topic}/{p.partition}" for p in partition.plans),
              delta["local_chunks"], here, delta["remote_chunks"])
     where = os.environ.get("PAFKA_READ_STATS")

@@ -209,3 +209,31 @@ def test_a_single_host_store_writes_entries_as_before(tmp_path):
         assert s.shared is None
         chunk = json.loads(entry_body(t.log.commit_log.store.read(1)))["chunks"][0]
         assert not {"host", "obj", "opos"} & set(chunk) and chunk["seq"] == 0
+
+
+def test_a_local_copy_is_checked_even_when_reads_trust_their_bytes(shared):
+    root, conf, _, _ = shared
+    with Store.open(root, conf) as s:
+        t = s.topic("t")
+        t.append(_rows(0, 3000), key="id")
+        plan = t.plan_read(0, 0)
+        c = plan.chunks[0]
+        assert c.host == "ha" and c.elsewhere
+        with open(c.path, "r+b") as f:  # another file's bytes under the copy's name
+            f.seek(c.pos + c.length // 2)
+            f.write(b"\xff" * 64)
+        rows = sum(b.num_rows for b in t.read(0, 0, verify=False))
+        assert rows == t.latest_offsets()[0] and _read(s)[1] == sum(range(3000))
+
+
+def test_a_malformed_shared_reference_is_refused_before_publishing(shared):
+    root, conf, _, _ = shared
+    with Store.open(root, conf) as s:
+        t = s.topic("t")
+        [ref] = t.share(t.write_chunks(_rows(0, 10), partition=1))
+        bad = ref.__class__(**{**ref.to_dict(), "obj": "../../elsewhere"})
+        with pytest.raises(InvalidArgument, match="obj is '../../elsewhere'"):
+            t.commit([bad])
+        assert t.version == 0
+        with pytest.raises(CorruptLog, match="not 32 lowercase hex"):
+            s.shared.bundle_dir("t", "../other")

@@ -66,11 +66,13 @@ class ChunkIndex:
         return self._lazy[2] if self._lazy is not None else self._hi - self._lo
 
     def rows(self) -> np.ndarray:
+        """The committed chunks, in offset order (a view: do not modify)."""
         if self._lazy is not None:
             self._load()
         return self._a[self._lo:self._hi]
 
     def append(self, c: ChunkRecord, ts: int) -> None:
+        """Add chunk ``c``, committed at ``ts`` (after every chunk already here)."""
         if self._lazy is not None:
             self._load()
         if self._hi == len(self._a):
@@ -82,6 +84,7 @@ class ChunkIndex:
         self._hi += 1
 
     def drop_segments(self, seqs: set[int]) -> None:
+        """Remove the chunks of segments ``seqs`` (deleted by retention)."""
         rows = self.rows()
         keep = ~np.isin(rows["seq"], list(seqs))
         if keep.all():

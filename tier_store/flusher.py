@@ -32,6 +32,7 @@ class Flusher:
             raise errors[0]
 
     def shutdown(self) -> None:
+        """Stop the closing thread, once what was submitted is closed."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:

@@ -66,12 +66,12 @@ def host_id() -> str:
     """This host's id: ``PAFKA_HOST_ID`` if set, else the host name (read at each call, so
     a process that sets it before opening a store is seen as that host)."""
     given = os.environ.get("PAFKA_HOST_ID")
-    name = given or socket.gethostname().split(".")[0] or "localhost"
+    name = given or socket.gethostname() or "localhost"
     try:
         return check_host(name)
     except ValueError as e:
         raise InvalidArgument(f"{'PAFKA_HOST_ID' if given else 'the host name'}: {e}; set "
-                              "PAFKA_HOST_ID to name this host") from None
+                              "PAFKA_HOST_ID to name this host, uniquely") from None
 
 
 def check_bundle(text: object) -> str:

@@ -56,6 +56,7 @@ class ReadCounts:
                                       "remote_bytes"), 0)
 
     def add(self, local: bool, nbytes: int) -> None:
+        """Count one chunk of ``nbytes`` read locally (``local``) or from elsewhere."""
         where = "local" if local else "remote"
         with self._lock:
             self._counts[f"{where}_chunks"] += 1
@@ -218,7 +219,9 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
         except FileNotFoundError:
             stale = "missing"
         else:
-            if verify and checksum(buf) != c.checksum:
+            # A host's own copy is a cache: always checked, as another file may hold its
+            # name (a tier 1 wiped and written again).
+            if (verify or c.host is not None) and checksum(buf) != c.checksum:
                 stale = "checksum"
         if stale is not None and c.elsewhere:
             buf, mismatch = _read_elsewhere(c, verify)

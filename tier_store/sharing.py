@@ -21,13 +21,15 @@ import dataclasses
 import logging
 import os
 import posixpath
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .chunk import checksum
-from .errors import CommitConflict, CorruptSegment, InvalidArgument
+from .crash import crash_point
+from .errors import CommitConflict, CorruptLog, CorruptSegment, DataLoss, InvalidArgument
 from .ids import check_bundle, host_id, host_seqs
 from .ownership.hosts import host_number
 from .records import ChunkRef
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUNDLES_DIR = "_bundles"
+_INCARNATION = re.compile(r"[0-9a-f]{32}")
 BUNDLE_SUFFIX = ".chunks"
 
 
@@ -60,10 +63,15 @@ class SharedTier:
 
     @property
     def seqs(self) -> range:
+        """The segment numbers this host gives its segments."""
         return host_seqs(self.number)
 
     def bundle_dir(self, topic: str, incarnation: str) -> str:
-        """Where topic ``topic``'s incarnation ``incarnation`` keeps its bundles."""
+        """Where topic ``topic``'s incarnation ``incarnation`` keeps its bundles (the id read
+        from its log: 32 hex digits, checked before it names a place)."""
+        if not _INCARNATION.fullmatch(incarnation):
+            raise CorruptLog(f"topic {topic!r}: its id {incarnation!r} is not 32 lowercase hex "
+                             "digits; its shared objects cannot be named")
         return posixpath.join(self.tier.path.rstrip("/"), topic, BUNDLES_DIR, incarnation)
 
     def bundle_url(self, topic: str, incarnation: str, obj: str) -> str:
@@ -73,7 +81,12 @@ class SharedTier:
 
 def _chunk_bytes(tier: Tier, path: str, r: ChunkRef) -> bytes:
     """A written chunk's bytes from its segment file, checked against its checksum."""
-    fd = tier.open_inside(path, os.O_RDONLY)  # type: ignore[attr-defined]
+    try:
+        fd = tier.open_inside(path, os.O_RDONLY)  # type: ignore[attr-defined]
+    except FileNotFoundError:
+        raise DataLoss(f"topic {r.topic!r} partition {r.partition}: {path}, where the chunk "
+                       "was written, is gone (its tier 1 lost?); it cannot be shared. Write "
+                       "the batch again") from None
     try:
         data = os.pread(fd, r.length, r.pos)
     finally:
@@ -111,6 +124,7 @@ def share(shared: SharedTier, incarnation: str, refs: Sequence[ChunkRef],
             yield _chunk_bytes(t, t.segment_path(r.topic, r.partition, r.seq), r)
 
     shared.tier.write_parts(url, parts(), pos)  # type: ignore[attr-defined]
+    crash_point("share.uploaded")
     log.debug("shared %d chunks (%d bytes) of topic %s as %s", len(todo), pos, todo[0].topic,
               url)
     now = int(time.time() * 1000)

@@ -28,7 +28,7 @@ from .conflicts import (
     unseen_chunks,
     validate_all,
 )
-from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, MoveEntry
+from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, MoveEntry, check_chunk
 from .errors import CommitConflict, InvalidArgument
 from .layout import segment_id
 from .records import AppendResult, ChunkRef
@@ -179,9 +179,9 @@ class TopicLog:
             for r in fresh:
                 base = nxt[r.partition]
                 nxt[r.partition] += r.records
-                chunks.append(ChunkRecord(r.partition, r.seq, r.tier, r.pos, r.length, base,
-                                          r.records, r.checksum, r.tmin, r.tmax, r.host,
-                                          r.obj, r.opos))
+                chunks.append(checked(ChunkRecord(
+                    r.partition, r.seq, r.tier, r.pos, r.length, base, r.records, r.checksum,
+                    r.tmin, r.tmax, r.host, r.obj, r.opos)))
                 results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
             if self.publish(st, AppendEntry(ts, tuple(chunks), writer_id, batch_id), held=True):
                 return results
@@ -245,6 +245,18 @@ class TopicLog:
 
     def close(self) -> None:
         self.commit_log.close()
+
+
+def checked(c: ChunkRecord) -> ChunkRecord:
+    """``c`` if every field lies in its range (as a decoder checks it); else
+    :class:`InvalidArgument`: a reference handed over by a writer is published only if every
+    later reader can decode it."""
+    try:
+        check_chunk(c)
+    except ValueError as e:
+        raise InvalidArgument(f"a chunk reference of partition {c.partition} at byte {c.pos} "
+                              f"is malformed: {e}") from None
+    return c
 
 
 def _extent(st: TopicState, partition: int, seq: int, tier: int) -> int:

@@ -129,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_migrate)
     for name, func, help, arg, arg_help in [
             ("resize", cmd_resize, "change a tier's capacity (a PMEM tier's pool follows) and "
-             "save it for every process", "size",
+             "save it for every process; on a store shared by many hosts, for each host's "
+             "tier 1: this host's pool now, another's when it next opens the store", "size",
              "bytes, or with a suffix k, m, g, t (KiB, MiB, GiB, TiB)"),
             ("relocate", cmd_relocate, "point a tier at the directory (or URL) it was moved or "
-             "copied to, once that holds all the tier's segments", "path",
+             "copied to, once that holds all the tier's segments (a local root only: each host "
+             "of a shared store keeps its tier 1 at the same path)", "path",
              "the tier's new directory, or fsspec URL for a REMOTE tier")]:
         r = command(name, help)
         r.add_argument("root")
