@@ -18,6 +18,7 @@ import pytest
 
 from tier_store import Store
 
+from .cluster_job import ClusterJobError
 from .hosts import SimulatedHosts, missing_tools
 from .s3server import S3Server, missing_binaries
 
@@ -49,13 +50,14 @@ def cluster(tmp_path_factory):
             server.close()
 
 
-def _run(cluster, target: str, *args: str, timeout: float = 300) -> dict:
+def _run(cluster, target: str, *args: str, timeout: float = 300,
+         extra: dict[str, str] | None = None) -> dict:
     hosts, env, _, _, base = cluster
     stats = os.path.join(base, "stats")
     os.makedirs(stats, exist_ok=True)
     # Executors get the S3 variables as a cluster gives them: through spark.executorEnv.
     conf = {"spark.executorEnv.PAFKA_READ_STATS": stats,
-            **{f"spark.executorEnv.{k}": v for k, v in env.items()}}
+            **{f"spark.executorEnv.{k}": v for k, v in env.items()}, **(extra or {})}
     return hosts.run_driver(f"tests.cluster_pafka:{target}", list(args), env=env, conf=conf,
                             timeout=timeout)
 
@@ -97,6 +99,67 @@ def test_a_host_that_loses_its_tier_1_leaves_every_read_exact(cluster):
     assert wiped == {"wiped": hosts.tier1_dir(1)}
     assert (got["rows"], got["sum"]) == (n, n * (n - 1) // 2), got
     assert got["local_chunks"] + got["remote_chunks"] > 0, got
+
+
+def _store_read(root: str, conf: dict, topic: str) -> tuple[int, int]:
+    """Count and sum of ``id`` read through the store in this process (host 0: every chunk
+    from the shared tier)."""
+    rows = total = 0
+    with Store.open(root, conf, create=False) as s:
+        t = s.topic(topic)
+        for p in range(t.partitions):
+            for b in t.read(p, 0):
+                rows += b.num_rows
+                total += sum(b.column(0).to_pylist())
+    return rows, total
+
+
+def _sweep(root: str, conf: dict, topic: str) -> tuple[set[str], set[str], set[str]]:
+    """(task objects before, after, and those the log names) once this process swept the
+    topic's objects with a grace period of 1 s (its own setting) twice, 1.5 s apart."""
+    with Store.open(root, {**conf, "log.cleanup.grace.ms": "1000"}, create=False) as s:
+        t = s.topic(topic)
+        fs = s.shared.tier.fs
+        where = s.shared.bundle_dir(topic, t.id)
+
+        def listed() -> set[str]:
+            return {p.rsplit("/", 1)[-1].split(".")[0] for p in fs.ls(where, refresh=True)} \
+                if fs.exists(where) else set()
+        before = listed()
+        # Uploaded over a grace period ago, then seen unreferenced for one more: reclaimed.
+        s.collect_garbage(t, bundles=True)
+        time.sleep(1.5)
+        s.collect_garbage(t, bundles=True)
+        named = set()
+        for p in range(t.partitions):
+            rows = t.state().part(p).chunks.rows()
+            named |= {f"{int(h):016x}{int(lo):016x}" for h, lo, o in
+                      zip(rows["obj_hi"], rows["obj_lo"], rows["opos"], strict=True) if o >= 0}
+        return before, listed(), named
+
+
+def test_a_task_killed_after_its_upload_leaves_an_object_that_is_reclaimed(cluster,
+                                                                          monkeypatch):
+    hosts, env, root, conf, _ = cluster
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    n = 40_000
+    # Host 2's Python workers kill themselves (SIGKILL) right after uploading a task's
+    # object: Spark retries the task, on either host, up to 4 times.
+    try:
+        _run(cluster, "write", root, json.dumps(conf), "crashed", str(n), "8",
+             extra={"spark.executorEnv.PAFKA_CRASH_POINT": "share.uploaded",
+                    "spark.executorEnv.PAFKA_CRASH_HOST": "host-2"})
+        expect = (n, n * (n - 1) // 2)
+    except ClusterJobError:
+        expect = (0, 0)  # every attempt of some task ran on host 2: the job failed whole
+    assert _store_read(root, conf, "crashed") == expect
+    before, left, named = _sweep(root, conf, "crashed")
+    orphans = before - named
+    assert orphans, "no task was killed after its upload"
+    assert left == named, (sorted(left - named), sorted(named - left))
+    logging.getLogger(__name__).info("%d rows committed; %d objects, %d uploaded by killed "
+                                     "tasks and reclaimed", expect[0], len(before), len(orphans))
 
 
 def _executor_pids(host: int) -> list[int]:
@@ -145,32 +208,13 @@ def test_an_executor_killed_mid_write_loses_nothing_committed(cluster, monkeypat
     job.join(420)
     assert killed, "host 2's executor was never seen writing"
     # The job either succeeded on the retried tasks, or failed: either way nothing half-done.
-    got = _read(cluster, "killed")
-    if "value" in result:
-        assert (got["rows"], got["sum"]) == (n, n * (n - 1) // 2), got
-    else:
-        assert (got["rows"], got["sum"]) == (0, 0), (got, result["error"])
-    # What the killed tasks uploaded and never committed is reclaimed after the grace period;
-    # every object left is one the log names.
-    # This process sweeps with a grace period of 1 s (its own setting): the killed tasks'
-    # objects are older than that already.
-    with Store.open(root, {**conf, "log.cleanup.grace.ms": "1000"}, create=False) as s:
-        topic = s.topic("killed")
-        shared = s.shared
-        fs = shared.tier.fs
-        bundle_dir = shared.bundle_dir("killed", topic.id)
-        before = {p.rsplit("/", 1)[-1].split(".")[0] for p in fs.ls(bundle_dir, refresh=True)}
-        # Uploaded over a grace period ago, then seen unreferenced for one more: reclaimed.
-        s.collect_garbage(topic, bundles=True)
-        time.sleep(1.5)
-        s.collect_garbage(topic, bundles=True)
-        left = {p.rsplit("/", 1)[-1].split(".")[0] for p in fs.ls(bundle_dir, refresh=True)}
-        named = set()
-        for p in range(topic.partitions):
-            rows = topic.state().part(p).chunks.rows()
-            named |= {f"{int(h):016x}{int(lo):016x}" for h, lo, o in
-                      zip(rows["obj_hi"], rows["obj_lo"], rows["opos"], strict=True) if o >= 0}
-        assert left == named and left <= before
-        logging.getLogger(__name__).info("killed write: %s; %d objects, %d never committed "
-                                         "and reclaimed", "retried and committed" if "value" in
-                                         result else "failed", len(before), len(before - left))
+    got = _store_read(root, conf, "killed")
+    assert got == ((n, n * (n - 1) // 2) if "value" in result else (0, 0)), \
+        (got, result.get("error"))
+    # What the killed tasks uploaded and never committed is reclaimed; every object left is one
+    # the log names.
+    before, left, named = _sweep(root, conf, "killed")
+    assert left == named and left <= before
+    logging.getLogger(__name__).info("killed write: %s; %d objects, %d never committed and "
+                                     "reclaimed", "retried and committed" if "value" in result
+                                     else "failed", len(before), len(before - left))

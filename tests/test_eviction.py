@@ -9,6 +9,7 @@ the grace period is over. Reads on that host stay exact and go to the shared tie
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -112,3 +113,49 @@ def test_pafka_migrate_local_refuses_a_store_that_is_not_shared(tmp_path, capsys
     assert main(["migrate", str(tmp_path / "store"), "--local"]) == 1
     assert "not shared by many hosts" in capsys.readouterr().err
 
+
+
+@needs_hosts
+def test_eviction_while_a_reader_reads_never_changes_a_row(two_hosts, tmp_path):
+    from tier_store import Store, read_counts
+
+    from .test_compaction import shared_conf
+    store, _ = two_hosts
+    t = store.topic("t")
+    write(t, 0, 30)
+    want = expected([(0, 30 * ROWS)])
+    part0 = t.latest_offsets()[0]
+    stop, seen, errors = threading.Event(), [], []
+
+    def reader() -> None:
+        # Partition 0 read again and again: its copies stay mapped (pinned), so they stay;
+        # partition 1's copies are free to go.
+        while not stop.is_set():
+            try:
+                seen.append(sum(b.num_rows for b in t.read(0, 0)))
+            except Exception as e:  # noqa: BLE001 (collected, asserted below)
+                errors.append(e)
+
+    before = read_counts()
+    th = threading.Thread(target=reader)
+    th.start()
+    try:
+        # The same host evicting from another handle, at a threshold of 5%, while reads map
+        # its copies: a pinned copy stays until the reader lets go, the rest goes.
+        root = store.root
+        with Store.open(root, shared_conf(root, str(tmp_path / "t1"),
+                                          **{"storage.migrate.threshold": 0.05})) as s:
+            freed = 0
+            for _ in range(6):
+                r = s.evict_local()
+                freed += r.copies if r is not None else 0
+                time.sleep(0.2)
+    finally:
+        stop.set()
+        th.join(60)
+    assert not errors, errors[:3]
+    assert seen and all(got == part0 for got in seen), [g for g in seen if g != part0][:3]
+    assert freed > 0
+    # Reads of what was evicted go to the shared tier, and stay exact.
+    assert tally(t) == want
+    assert read_counts()["remote_chunks"] > before["remote_chunks"]

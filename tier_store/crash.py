@@ -3,6 +3,8 @@
 A test sets ``PAFKA_CRASH_POINT=<name>`` (and optionally ``PAFKA_CRASH_AFTER=<n>``, the number
 of passes through the point to survive first) in a subprocess; the process kills itself with
 SIGKILL when it reaches that point, leaving files exactly as a power cut of the process would.
+``PAFKA_CRASH_HOST=<host id>`` arms it only on that host (Spark executors of a simulated
+cluster share one environment).
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ POINTS = (
     "segment.roll.created",  # new segment created, active pointer not yet switched
 )
 
+SHARED_POINTS = (
+    "share.uploaded",  # a write task's object uploaded to the shared tier, not committed
+)
+
+
+def _on_this_host() -> bool:
+    host = os.environ.get("PAFKA_CRASH_HOST")
+    if not host:
+        return True
+    from .ids import host_id
+    return host_id() == host
+
 
 MOVE_POINTS = (
     "move.copy",  # half of a chunk copied to the target tier
@@ -39,7 +53,7 @@ MOVE_POINTS = (
 def crash_point(name: str) -> None:
     """Kill this process with SIGKILL if ``name`` is the armed crash point."""
     global _after
-    if _POINT and name == _POINT:
+    if _POINT and name == _POINT and _on_this_host():
         if _after > 0:
             _after -= 1
             return

@@ -25,6 +25,7 @@ variables and config files (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOI
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -103,14 +104,24 @@ def _check_key(where: str, key: object, what: str = "key") -> str:
     return key
 
 
-# One botocore client per process and options: cheap to open many stores, and never a
-# connection pool inherited through fork.
-_clients: dict[tuple[int, str], Any] = {}
+# One botocore client per process, options and AWS environment: cheap to open many stores,
+# never a connection pool inherited through fork, and never a server the environment no
+# longer names.
+_clients: dict[tuple[int, str, str], Any] = {}
 _clients_lock = threading.Lock()
+_AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                  "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+                  "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+
+
+def aws_environment() -> str:
+    """A digest of the AWS variables a client is made from (no secret is kept in clear)."""
+    text = "\0".join(os.environ.get(k, "") for k in _AWS_VARIABLES)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _client(options: Mapping[str, Any]) -> Any:
-    ident = (os.getpid(), json.dumps(options, sort_keys=True, default=str))
+    ident = (os.getpid(), json.dumps(options, sort_keys=True, default=str), aws_environment())
     with _clients_lock:
         if ident not in _clients:
             _clients[ident] = _make_client(options)

@@ -27,22 +27,32 @@ _filesystems: dict[str, Any] = {}
 
 def filesystem(url: str) -> tuple[Any, str]:
     """(fsspec filesystem, path without protocol) for ``url``; unknown protocols name the
-    package to install."""
+    package to install. One per AWS environment: s3fs reads its endpoint and keys from it."""
     import fsspec
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_env_kwargs(url))
     except (ImportError, ValueError) as e:
         raise PafkaError(f"cannot open remote tier {url!r}: {e} (install the fsspec "
                          "implementation for its protocol, e.g. s3fs or gcsfs)") from None
     return fs, path
 
 
+def _env_kwargs(url: str) -> dict[str, Any]:
+    """For s3:// URLs, a keyword fsspec keys its instance cache on: the AWS environment."""
+    if not url.startswith("s3://"):
+        return {}
+    from ..objects import aws_environment
+    return {"config_kwargs": {"user_agent_extra": f"pafka-{aws_environment()[:16]}"}}
+
+
 def read_range(url: str, pos: int, length: int) -> pa.Buffer:
     """Bytes ``[pos, pos + length)`` of a remote file, by a ranged read."""
+    from ..objects import aws_environment
     proto = url.split("://", 1)[0]
-    fs = _filesystems.get(proto)
+    key = f"{proto}:{aws_environment()}"
+    fs = _filesystems.get(key)
     if fs is None:
-        fs = _filesystems[proto] = filesystem(url)[0]
+        fs = _filesystems[key] = filesystem(url)[0]
     try:
         data = fs.cat_file(url, start=pos, end=pos + length)
     except FileNotFoundError:
