@@ -25,7 +25,6 @@ variables and config files (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOI
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
+from .awsenv import aws_environment
 from .errors import ConfigError, InvalidArgument, StoreFull, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -109,17 +109,6 @@ def _check_key(where: str, key: object, what: str = "key") -> str:
 # longer names.
 _clients: dict[tuple[int, str, str], Any] = {}
 _clients_lock = threading.Lock()
-_AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
-                  "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
-                  "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
-
-
-def aws_environment() -> str:
-    """A digest of the AWS variables a client is made from (no secret is kept in clear)."""
-    text = "\0".join(os.environ.get(k, "") for k in _AWS_VARIABLES)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _client(options: Mapping[str, Any]) -> Any:
     ident = (os.getpid(), json.dumps(options, sort_keys=True, default=str), aws_environment())
     with _clients_lock:

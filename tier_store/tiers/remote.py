@@ -41,13 +41,13 @@ def _env_kwargs(url: str) -> dict[str, Any]:
     """For s3:// URLs, a keyword fsspec keys its instance cache on: the AWS environment."""
     if not url.startswith("s3://"):
         return {}
-    from ..objects import aws_environment
+    from ..awsenv import aws_environment
     return {"config_kwargs": {"user_agent_extra": f"pafka-{aws_environment()[:16]}"}}
 
 
 def read_range(url: str, pos: int, length: int) -> pa.Buffer:
     """Bytes ``[pos, pos + length)`` of a remote file, by a ranged read."""
-    from ..objects import aws_environment
+    from ..awsenv import aws_environment
     proto = url.split("://", 1)[0]
     key = f"{proto}:{aws_environment()}"
     fs = _filesystems.get(key)
