@@ -22,10 +22,12 @@ from .cluster_job import ClusterJobError
 from .hosts import SimulatedHosts, missing_tools
 from .s3server import S3Server, missing_binaries
 
-pytestmark = pytest.mark.skipif(
+# About 6 minutes on 2 cores (four cluster starts): kept out of the default run and CI's, as
+# the soak is. Run: .venv/bin/python -m pytest -m slow tests/test_cluster.py
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     bool(missing_tools() or missing_binaries()),
     reason=f"two simulated hosts need root, ip, unshare, mount and Ceph: "
-           f"{', '.join(missing_tools() + missing_binaries())}")
+           f"{', '.join(missing_tools() + missing_binaries())}")]
 
 
 # Longer than any batch here (a commit of chunks shared longer ago is refused), short enough
