@@ -11,8 +11,9 @@ the reader runs on that host.
 Bundles are named by 32 random hex digits, validated wherever a log names one, under
 ``<shared tier>/<topic>/_bundles/<incarnation>/``. The migration service later copies a
 segment's chunks out of the bundles into one segment on the shared tier (a ``move``), and
-a bundle no chunk names any more is deleted after ``log.cleanup.grace.ms``, as is one a
-task uploaded and never committed.
+a bundle no chunk names any more is deleted after two grace periods
+(``log.cleanup.grace.ms``; :mod:`tier_store.maintenance.bundles`), as is one a task uploaded
+and never committed.
 """
 
 from __future__ import annotations
