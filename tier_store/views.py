@@ -107,7 +107,8 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
             settled = is_settled(path, hdr, spans.get(s.seq, 0), grace_s, now)
             out.append(SegmentInfo(
                 s.id, topic, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,
-                tier.type, path, sealed, s.first_ts, s.last_ts, settled))
+                tier.type, path, sealed, s.first_ts, s.last_ts, settled,
+                spans.get(s.seq, 0)))
     return out
 
 
