@@ -492,3 +492,25 @@ if __name__ == "__main__":
         outcomes = ", ".join(f"{k}: {v}" for k, v in s.pop("outcomes").most_common())
         print(f"{kind}: {json.dumps(s)}\n    {outcomes}")
     print("cases:", len(results), "results in", base)
+
+
+@pytest.mark.parametrize("value", [-5, "soon", None, [1]])
+def test_a_topic_config_value_read_from_the_log_is_checked(tmp_path, value):
+    from tier_store.entries import entry_body, signed
+    root = str(tmp_path / "store")
+    with Store.open(root) as s:
+        t = s.create_topic("t", SCHEMA)
+        t.set_config({"retention.ms": 60_000})
+        version, topic_id = t.version, t.id
+    path = entry_file(root, "t", version)
+    body = json.loads(entry_body(_read(path)))
+    assert body["config"] == {"log.retention.ms": 60_000}
+    body["config"]["log.retention.ms"] = value
+    unsigned = json.dumps(body, separators=(",", ":")).encode()
+    with open(path, "wb") as f:
+        f.write(signed(unsigned, version, topic_id))
+    if value is None:  # null unsets the key: a valid entry
+        assert Store.open(root, create=False).topic("t").config == {}
+        return
+    with pytest.raises(CorruptLog, match=r"log\.retention\.ms"):
+        Store.open(root, create=False).topic("t")

@@ -8,6 +8,7 @@ import pytest
 
 from tier_store import (
     CommitConflict,
+    ConfigError,
     DataLoss,
     PafkaError,
     SchemaMismatch,
@@ -36,6 +37,17 @@ def test_create_twice_raises_topic_exists(file_store):
     file_store.create_topic("t", SCHEMA)
     with pytest.raises(TopicExists, match="'t' already exists"):
         file_store.create_topic("t", SCHEMA)
+
+
+@pytest.mark.parametrize("key, why", [("storage.migrate.threshold", "whole store"),
+                                      ("log.segment.bytes", "one size in the whole store"),
+                                      ("retention.mss", "a topic may set")])
+def test_create_topic_refuses_keys_a_topic_cannot_set(file_store, key, why):
+    with pytest.raises(ConfigError, match=why):
+        file_store.create_topic("t", SCHEMA, config={key: "1"})
+    assert file_store.topics() == []
+    t = file_store.create_topic("t", SCHEMA, config={"retention.ms": "2500"})
+    assert t.config == {"log.retention.ms": 2500}
 
 
 def test_unknown_topic_lists_the_existing_topics(file_store):

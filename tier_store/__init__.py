@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .config import KEYS as CONFIG_KEYS
 from .config import ConfigKey, StoreConfig, key_for, load_config, parse_config, parse_size, tier_key
+from .consumer import Consumer
 from .errors import (
     CommitConflict,
     ConfigError,
@@ -31,6 +32,7 @@ from .errors import (
     TopicExists,
     TopicNotFound,
 )
+from .follow import FetchedBatch
 from .hashing import hash_keys, partition_of
 from .ids import SegmentId, host_id
 from .layout import STORE_FILE, check_topic_name
@@ -49,11 +51,14 @@ from .store import Store
 from .tables import as_table, conform, loose_type
 from .tiers import throttle_tier_writes
 from .topic import Topic
+from .topic_config import TOPIC_KEYS as TOPIC_CONFIG_KEYS
+from .topic_config import check_topic_config, topic_key
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CONFIG_KEYS",
+    "TOPIC_CONFIG_KEYS",
     "MAPS",
     "CHUNK_ALIGN",
     "SEGMENT_HEADER_SIZE",
@@ -62,12 +67,14 @@ __all__ = [
     "CheckReport",
     "ChunkRef",
     "CommitConflict",
+    "Consumer",
     "ConfigError",
     "ConfigKey",
     "CorruptLog",
     "CorruptSegment",
     "CorruptState",
     "DataLoss",
+    "FetchedBatch",
     "InvalidArgument",
     "MoveResult",
     "OldCopyInGrace",
@@ -94,6 +101,7 @@ __all__ = [
     "__version__",
     "as_table",
     "check_topic",
+    "check_topic_config",
     "check_topic_name",
     "conform",
     "execute",
@@ -109,6 +117,7 @@ __all__ = [
     "seal_idle",
     "throttle_tier_writes",
     "tier_key",
+    "topic_key",
     "host_id",
     "read_counts",
 ]

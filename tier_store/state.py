@@ -12,7 +12,7 @@ Replay rules, applied in version order:
   are unchanged, chunk positions are the new ones; the old files become tombstones.
 * ``partitions`` raises the partition count; ``position`` replaces a consumer group's offsets
   (the whole position: merging happens before publishing), and an empty one deletes the
-  group; ``config`` updates topic config (the most recent value of a key wins).
+  group; ``config`` updates topic config (the most recent value of a key wins; null unsets).
 * Every entry's ``ts`` raises ``last_ts``; timestamps are monotonic per topic.
 
 Every entry is checked against the state it extends before it changes anything (entry 0 and
@@ -176,7 +176,11 @@ class TopicState:
             else:
                 self.positions.pop(entry.group, None)
         elif isinstance(entry, ConfigEntry):
-            self.config.update(entry.config)
+            for k, v in entry.config.items():  # null unsets a key (Topic.set_config)
+                if v is None:
+                    self.config.pop(k, None)
+                else:
+                    self.config[k] = v
         self.last_ts = max(self.last_ts, entry.ts)
         self.version = version
 

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from .config_keys import KEYS
 from .entries import (
     INT64,
     MAX_PARTITIONS,
     MAX_TIERS,
     AppendEntry,
+    ConfigEntry,
     CreateEntry,
     DeleteEntry,
     Entry,
@@ -26,7 +28,7 @@ from .entries import (
     PartitionsEntry,
     PositionEntry,
 )
-from .errors import CorruptLog
+from .errors import ConfigError, CorruptLog
 from .ids import SegmentId, check_host
 from .segment import HEADER_SIZE
 
@@ -41,6 +43,8 @@ def entry_problem(st: TopicState, version: int, e: Entry) -> str | None:
             "is entry 0 but does not create the topic"
     if isinstance(e, AppendEntry):
         return _append_problem(st, e)
+    if isinstance(e, CreateEntry | ConfigEntry):
+        return config_problem(e.config, unsets=isinstance(e, ConfigEntry))
     if isinstance(e, DeleteEntry):
         for sid in e.segments:
             p = SegmentId.parse(sid).partition
@@ -54,6 +58,22 @@ def entry_problem(st: TopicState, version: int, e: Entry) -> str | None:
         bad = [k for k in e.offsets if int(k) >= st.partitions]
         if bad:
             return f"sets a position on partition {bad[0]}; the topic has {st.partitions}"
+    return None
+
+
+def config_problem(conf: dict[str, Any], unsets: bool = False) -> str | None:
+    """Why a topic's config read from the log is not one (None if it is): each known key's
+    value is checked as the store's configuration checks it (null unsets, in a ``config``
+    entry only). Unknown keys are kept: a later version may know them."""
+    for k, v in conf.items():
+        if k not in KEYS or (v is None and unsets):
+            continue
+        try:
+            if v is None:
+                raise ConfigError("null")
+            KEYS[k].parse(v)
+        except ConfigError as err:
+            return f"sets topic config {k} to {v!r}: {err}"
     return None
 
 
@@ -132,7 +152,8 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     if meta["schema"] is not None:
         _typed("schema", meta["schema"], str)
     n = _int("partitions", meta["partitions"], 0, MAX_PARTITIONS + 1)
-    _typed("config", meta["config"], dict)
+    if problem := config_problem(_typed("config", meta["config"], dict)):
+        raise ValueError(problem)
     _int("created_ts", meta["created_ts"])
     _int("last_ts", meta["last_ts"])
     _typed("topic_id", meta["topic_id"], str)

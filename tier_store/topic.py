@@ -32,6 +32,7 @@ from .conflicts import Requirement
 from .entries import ChunkRecord, DeleteEntry, MoveEntry, PartitionsEntry
 from .errors import InvalidArgument
 from .flusher import Flusher
+from .follow import follow
 from .layout import fsync_dir
 from .maintenance import retention
 from .partition import PartitionLog
@@ -40,6 +41,7 @@ from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
 from .tables import as_table, conform, loose_type, route, split_chunks, time_range
+from .topic_config import set_config
 from .topic_log import TopicLog, now_ms
 
 if TYPE_CHECKING:
@@ -295,6 +297,8 @@ class Topic(positions.GroupPositions):
         for pb in execute(self.plan_read(partition, start, end), verify):
             yield pb.batch
 
+    follow = follow  # yields a partition's records as they are committed: tier_store.follow
+
     def plan_read(self, partition: int, start: int, end: int | None = None) -> ReadPlan:
         """Plan reading ``[start, end)`` of ``partition`` (see :mod:`tier_store.reading`)."""
         p = self._check_partition(partition)
@@ -336,6 +340,8 @@ class Topic(positions.GroupPositions):
             lambda st: PartitionsEntry(max(st.last_ts, now_ms()), st.partitions + n))
         self.store.pointer_dir(self.name, self.id)  # made if missing
         return st.partitions
+
+    set_config = set_config  # the topic's own keys, in its log: tier_store.topic_config
 
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""

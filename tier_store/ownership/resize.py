@@ -11,11 +11,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config import LAYOUT_KEYS, OPEN_KEYS, canonical_key, parse_config
+from ..config import canonical_key, parse_config
 from ..entries import CreateEntry, schema_to_text
 from ..errors import ConfigError, InvalidArgument
 from ..layout import STORE_FILE, STORE_LOCK, check_topic_name
 from ..tiers import Tier
+from ..topic_config import check_topic_config
 from .rootfiles import RootFiles, update
 from .saved import decode_saved, encode_saved, jsonable
 
@@ -65,11 +66,8 @@ def create_entry(name: str, schema: Any, partitions: Any,
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise InvalidArgument(f"partitions of topic {name!r} must be a positive integer, "
                               f"got {partitions!r}")
-    topic_conf = parse_config(config)
-    fixed = [k for k in topic_conf if k in LAYOUT_KEYS or k in OPEN_KEYS]
-    if fixed:
-        raise ConfigError(f"{', '.join(fixed)} cannot be set per topic: it is part of the "
-                          "store's layout, or of how this host opens the store")
+    # Only keys read per topic: any other would be accepted and do nothing.
+    topic_conf = check_topic_config(config or {}, unset=False)
     return CreateEntry(int(time.time() * 1000), schema_to_text(schema), partitions,
                        {k: jsonable(v) for k, v in topic_conf.items()}, uuid.uuid4().hex)
 
