@@ -673,3 +673,13 @@ def test_a_planned_chunk_is_read_from_another_copy_when_its_file_is_missing(file
     with pytest.raises(DataLoss, match="gone.seg and .*nowhere.seg at byte 4096, each missing"):
         list(execute(replace(plan, chunks=(replace(gone, elsewhere=(
             (str(tmp_path / "nowhere.seg"), c.pos),)),)), replan=False))
+
+
+def test_nulls_in_a_column_marked_non_null_are_refused_on_append(file_store):
+    schema = pa.schema([pa.field("id", pa.int32(), nullable=False)])
+    t = file_store.create_topic("t", schema)
+    # from_arrays trusts the schema: the array still holds a null.
+    bad = pa.Table.from_arrays([pa.array([1, None], pa.int32())], schema=schema)
+    with pytest.raises(SchemaMismatch, match="'id' is not nullable .* 1 nulls"):
+        t.append(bad)
+    assert t.latest_offsets() == {0: 0}

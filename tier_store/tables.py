@@ -49,6 +49,13 @@ def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:
     """Make ``table`` carry exactly ``schema``: reorder columns by name, and cast nullable
     columns into non-null fields when they hold no null. Anything else is SchemaMismatch."""
     if table.schema.equals(schema, check_metadata=False):
+        # A field marked non-null does not stop its array from holding nulls: count them.
+        nulls = [(f.name, n) for i, f in enumerate(schema)
+                 if not f.nullable and (n := table.column(i).null_count)]
+        if nulls:
+            raise SchemaMismatch(f"data written to topic {topic!r} does not match its schema: "
+                                 + "; ".join(f"column {c!r} is not nullable in the topic but "
+                                             f"the data holds {n} nulls" for c, n in nulls))
         return table if table.schema.metadata == schema.metadata else table.cast(schema)
     names, want = table.schema.names, schema.names
     missing = [n for n in want if n not in names]
