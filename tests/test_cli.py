@@ -98,7 +98,12 @@ def _one_line_error(r, *needles):
 
 
 @pytest.mark.parametrize("command", [["topics"], ["tiers"], ["describe", "{root}", "t"],
-                                     ["check"], ["migrate"], ["groups"]])
+                                     ["check"], ["migrate"], ["groups"],
+                                     ["create-topic", "{root}", "t", "--schema", "a long"],
+                                     ["add-partitions", "{root}", "t", "1"],
+                                     ["config", "{root}", "t"],
+                                     ["produce", "{root}", "t", "--from", "-", "--format",
+                                      "csv"]])
 def test_commands_other_than_demo_never_create_a_store(tmp_path, command):
     root = tmp_path / "mistyped"
     args = [a.format(root=root) for a in command]
@@ -471,3 +476,77 @@ def test_tiers_shows_a_pmem_tiers_usable_capacity_its_pool(tmp_path, shm_dir, ca
     assert pmem["fill_basis"] == "segments per pool file" and pmem["migration_fill"] == 1 / 8
     assert hdd["usable_capacity"] == hdd["capacity"] == 0  # unbounded
     assert len(got["notes"]) == 1 and "log.pmem.pool.ratio" in got["notes"][0]
+
+
+# -- --json on every command that prints data; help on every argument ------------------------------
+def test_json_of_topics_describe_check_migrate_resize_and_relocate(tmp_path, shm_dir, capsys):
+    import json
+    tier = os.path.join(shm_dir, "a")
+    s, t = _tiered(tmp_path, tier, n=120)
+    t.set_position("g", {0: 100})
+    root = str(tmp_path)
+    assert _json_of(capsys, "topics", root, "--json") == [
+        {"topic": "t", "partitions": 1, "latest": {"0": 24000}}]
+    d = _json_of(capsys, "describe", root, "t", "--json")
+    assert d["ddl"] == "key bigint, ts bigint, value string" and d["config"] == {}
+    assert d["offsets"] == [{"partition": 0, "earliest": 0, "latest": 24000}]
+    assert d["groups"] == [{"group": "g", "committed": {"0": 100}, "lag": 23900}]
+    assert sum(x["end_offset"] - x["base_offset"] for x in d["segments"]) == 24000
+    [c] = _json_of(capsys, "check", root, "--json")
+    assert c["topic"] == "t" and c["problems"] == [] and c["bytes_verified"] > 0
+    m = _json_of(capsys, "migrate", root, "--set", "storage.migrate.threshold=0.25", "--json")
+    assert m["planned"] and m["segments_down"] >= 4 and m["failed_moves"] == 0
+    m = _json_of(capsys, "migrate", root, "--set", "storage.migrate.threshold=0.25", "--json")
+    assert not m["planned"] and "within its threshold" in m["idle_reason"]
+    r = _json_of(capsys, "resize", root, "1", "2m", "--json")
+    assert (r["capacity_before"], r["capacity"], r["pool_size"]) == (1 << 20, 2 << 20, 32)
+    s.close()
+    moved = os.path.join(shm_dir, "b")
+    os.rename(tier, moved)
+    r = _json_of(capsys, "relocate", root, "1", moved, "--json")
+    assert (r["tier"], r["old_path"], r["new_path"]) == (1, tier, moved) and r["segments"] > 0
+    # Errors stay one line on stderr with --json too.
+    _one_line_error(_pafka("describe", root, "nope", "--json"), "topic 'nope' does not exist")
+    assert json.loads(_pafka("check", root, "--topic", "t", "--json").stdout)[0]["topic"] == "t"
+
+
+def test_migrate_follow_json_writes_one_object_per_line(tmp_path, shm_dir):
+    import json
+    _tiered(tmp_path, shm_dir, n=120)
+    p = subprocess.Popen([PAFKA, "migrate", str(tmp_path), "--follow", "--json", "--set",
+                          "storage.migrate.threshold=0.25", "--set",
+                          "storage.migrate.interval.ms=200"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        events = [json.loads(p.stdout.readline())]
+        while not any(e["event"] == "moved" for e in events):
+            line = p.stdout.readline()
+            assert line, p.stderr.read()
+            events.append(json.loads(line))
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
+    assert events[0] == {"event": "started", "root": str(tmp_path), "interval_s": 0.2}
+    moved = events[-1]
+    assert moved["topic"] == "t" and moved["to_tier"] == 2 and moved["bytes"] > 0
+
+
+def _parsers(parser):
+    """Every parser under ``parser`` (subcommands, and their subcommands), with its name."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                for inner, deeper in _parsers(sub):
+                    yield f"{name} {inner}", deeper
+
+
+def test_every_argument_of_every_command_has_help():
+    import argparse
+
+    from pafka_source.cli import build_parser
+    bare = [f"pafka {name}: {a.dest}" for name, p in _parsers(build_parser())
+            for a in p._actions
+            if not a.help and not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)]
+    assert not bare, bare

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def cmd_topics(args: argparse.Namespace) -> int:
     topics = sc.list_topics(sc.open_store(args.root))
-    out.echo_lines(out.render_topics(topics))
+    out.emit(topics, args.json, out.render_topics)
     return 1 if any("error" in t for t in topics) else 0
 
 
@@ -40,7 +40,7 @@ def cmd_resize(args: argparse.Namespace) -> int:
     with tqdm(unit=" pool files", desc="pre-allocating", disable=None) as bar, \
             logging_redirect_tqdm():
         r = sc.resize_tier(store, args.tier, args.size, progress=bar.update)
-    out.echo_lines(out.render_resize(r))
+    out.emit(r, args.json, out.render_resize)
     return 0
 
 
@@ -52,7 +52,7 @@ def cmd_relocate(args: argparse.Namespace) -> int:
     with tqdm(unit=" segments", desc="checking", disable=None) as bar, \
             logging_redirect_tqdm():
         r = sc.relocate(args.root, args.tier, args.path, progress=bar.update)
-    out.echo_lines(out.render_relocate(r))
+    out.emit(r, args.json, out.render_relocate)
     return 0
 
 
@@ -64,14 +64,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     store = sc.open_store(args.root, sc.config_args(args.set) or None, cls=sc.ReportingStore)
     assert isinstance(store, sc.ReportingStore)
     if args.local:
-        return _evict(store, args.follow)
+        return _evict(store, args.follow, args.json)
     svc = MigrationService(store)
     svc.band()  # a misconfigured band fails here, --follow too
     if args.follow:
-        return _follow(store, svc)
+        return _follow(store, svc, args.json)
     plan = sc.plan_migration(svc)
     if not plan["moves"]:
-        out.echo_lines(out.render_migration(sc.run_migration(store, svc, plan)))
+        out.emit(sc.run_migration(store, svc, plan), args.json, out.render_migration)
         return 0
     lock = threading.Lock()
     # Binary units as in the summary line; no bar when stderr is not a terminal.
@@ -81,13 +81,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             with lock:  # moves complete on storage.migrate.threads threads
                 bar.update(r.bytes)
         report = sc.run_migration(store, svc, plan, on_moved=moved)
-    out.echo_lines(out.render_migration(report))
+    out.emit(report, args.json, out.render_migration)
     return 0
 
 
-def _follow(store: sc.ReportingStore, svc: MigrationService) -> int:
+def _follow(store: sc.ReportingStore, svc: MigrationService, as_json: bool) -> int:
+    """``pafka migrate --follow``: a line per move (with ``--json``, a JSON object per line,
+    the first one saying what runs); a failed run is reported on stderr, and the next runs."""
     interval = store.config["storage.migrate.interval.ms"] / 1000
-    out.echo(f"migrating {store.root} every {interval:g} s (Ctrl-C to stop)", flush=True)
+    if as_json:
+        out.emit_line({"event": "started", "root": store.root, "interval_s": interval})
+    else:
+        out.echo(f"migrating {store.root} every {interval:g} s (Ctrl-C to stop)", flush=True)
     try:
         while True:
             try:
@@ -102,13 +107,16 @@ def _follow(store: sc.ReportingStore, svc: MigrationService) -> int:
                 log.info("the failed run's traceback", exc_info=True)
                 done = []
             for r in done:
-                out.echo(out.move_line(r), flush=True)
+                if as_json:
+                    out.emit_line({"event": "moved", **out.plain(r)})
+                else:
+                    out.echo(out.move_line(r), flush=True)
             time.sleep(interval)
     except KeyboardInterrupt:
         return 0
 
 
-def _evict(store: sc.ReportingStore, follow: bool) -> int:
+def _evict(store: sc.ReportingStore, follow: bool, as_json: bool) -> int:
     """``pafka migrate --local``: evict this host's tier 1 once, or on every interval."""
     if store.shared is None:
         raise InvalidArgument(f"{store.root} is not shared by many hosts (an s3:// root with a "
@@ -127,10 +135,13 @@ def _evict(store: sc.ReportingStore, follow: bool) -> int:
             time.sleep(interval)
             continue
         assert r is not None
-        limit = "" if r.limit is None else f" of {r.limit} allowed"
-        out.echo(f"tier 1 of host {store.shared.host}: released {r.garbage} unreferenced files "
-                 f"and {r.copies} local copies ({r.copy_bytes} bytes); {r.used} bytes "
-                 f"used{limit}", flush=True)
+        if as_json:
+            out.emit_line({"event": "evicted", "host": store.shared.host, **out.plain(r)})
+        else:
+            limit = "" if r.limit is None else f" of {r.limit} allowed"
+            out.echo(f"tier 1 of host {store.shared.host}: released {r.garbage} unreferenced "
+                     f"files and {r.copies} local copies ({r.copy_bytes} bytes); {r.used} "
+                     f"bytes used{limit}", flush=True)
         if not follow:
             return 0
         time.sleep(interval)
@@ -144,7 +155,7 @@ def cmd_delete_topic(args: argparse.Namespace) -> int:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     store = sc.open_store(args.root)
-    out.echo_lines(out.render_describe(sc.describe_topic(store, args.topic)))
+    out.emit(sc.describe_topic(store, args.topic), args.json, out.render_describe)
     return 0
 
 
@@ -180,5 +191,5 @@ def cmd_check(args: argparse.Namespace) -> int:
               disable=args.no_verify or None) as bar:
         reports = sc.check_topics(store, names, verify=not args.no_verify,
                                   progress=bar.update)
-    out.echo_lines(out.render_check(reports))
+    out.emit(reports, args.json, out.render_check)
     return 1 if any(not r.ok for r in reports) else 0

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 
 from tier_store import PafkaError
 
 from .. import __version__
+from .args import add_json, add_root, add_topic, offset_or_word, seconds, whole
 from .commands import (
     cmd_check,
     cmd_delete_topic,
@@ -34,53 +34,6 @@ DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tie
                "and reset its consumer groups, or run the end-to-end Spark demo.")
 
 
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (checked before Spark starts)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    """A whole number above 0 (checked before Spark starts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    """A whole number of 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _reset_target(text: str) -> str | int:
-    """earliest | latest | an offset."""
-    if text.strip().lower() in ("earliest", "latest"):
-        return text.strip().lower()
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected earliest, latest or an offset (an integer "
-                                         f">= 0), got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``pafka`` and its subcommands; each sets ``func``, its handler."""
     ap = argparse.ArgumentParser(prog="pafka", description=DESCRIPTION)
@@ -98,24 +51,25 @@ def build_parser() -> argparse.ArgumentParser:
                               parents=[common])
 
     d = command("demo", "stream clicks into a topic with Spark and aggregate them with a second "
-                        "query, on ./pafka-data (the only command that creates a store)")
-    d.add_argument("--seconds", type=_seconds, default=10.0,
+                        "query, on ./pafka-data (a store of its own, made afresh)")
+    d.add_argument("--seconds", type=seconds, default=10.0,
                    help="how long the producer's burst lasts (default 10)")
-    d.add_argument("--rate", type=_positive_int, default=60_000,
+    d.add_argument("--rate", type=whole(1), default=60_000,
                    help="clicks per second the producer writes (default 60000)")
     d.add_argument("--json", action="store_true", help="print the demo's facts as JSON")
     d.set_defaults(func=cmd_demo)
     t = command("topics", "list the topics of a store")
-    t.add_argument("root")
+    add_root(t)
+    add_json(t)
     t.set_defaults(func=cmd_topics)
     u = command("tiers", "show each tier's usage, its usable capacity (a PMEM tier's: its "
                          "pool, log.pmem.pool.ratio of its size) and the fill the migration "
                          "policy sees")
-    u.add_argument("root")
-    u.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_root(u)
+    add_json(u)
     u.set_defaults(func=cmd_tiers)
     m = command("migrate", "apply the migration policy once, or keep applying it")
-    m.add_argument("root")
+    add_root(m)
     mode = m.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="one run (the default)")
     mode.add_argument("--follow", action="store_true",
@@ -126,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--local", action="store_true",
                    help="on a store shared by many hosts: evict this host's own tier 1 only "
                         "(files compacted or deleted, and local copies beyond the threshold)")
+    add_json(m, "with --follow, one object per line")
     m.set_defaults(func=cmd_migrate)
     for name, func, help, arg, arg_help in [
             ("resize", cmd_resize, "change a tier's capacity (a PMEM tier's pool follows) and "
@@ -137,21 +92,23 @@ def build_parser() -> argparse.ArgumentParser:
              "of a shared store keeps its tier 1 at the same path)", "path",
              "the tier's new directory, or fsspec URL for a REMOTE tier")]:
         r = command(name, help)
-        r.add_argument("root")
-        r.add_argument("tier", type=int, help="tier number, 1 = fastest")
-        r.add_argument(arg, help=arg_help)
+        add_root(r)
+        r.add_argument("tier", type=int, metavar="TIER", help="tier number, 1 = fastest")
+        r.add_argument(arg, metavar=arg.upper(), help=arg_help)
+        add_json(r)
         r.set_defaults(func=func)
     x = command("delete-topic", "delete a topic and reclaim its files on every tier; a topic "
                                 "created under its name later is a new one (another id)")
     x.epilog = ("A streaming query whose checkpoint names the deleted topic fails with a clear "
                 "error rather than reading a new topic of the same name.")
-    x.add_argument("root")
-    x.add_argument("topic")
-    x.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_root(x)
+    add_topic(x, "the topic to delete")
+    add_json(x)
     x.set_defaults(func=cmd_delete_topic)
     c = command("describe", "partitions, offsets, segments and groups of a topic")
-    c.add_argument("root")
-    c.add_argument("topic")
+    add_root(c)
+    add_topic(c)
+    add_json(c)
     c.set_defaults(func=cmd_describe)
     g = command("groups", "list consumer groups with their committed offsets and lag per "
                           "partition, or reset or delete a group's offsets on a topic")
@@ -159,31 +116,42 @@ def build_parser() -> argparse.ArgumentParser:
                 "ROOT clicks --group billing --reset-to earliest; ... --reset-to 1200 "
                 "--partition 0; ... --reset-to-timestamp 1700000000000 --dry-run. Note: "
                 + RESET_NOTE + ".")
-    g.add_argument("root")
-    g.add_argument("topic", nargs="?", help="the topic (all topics when listing without it)")
+    add_root(g)
+    g.add_argument("topic", nargs="?", metavar="TOPIC",
+                   help="the topic (all topics when listing without it)")
     g.add_argument("--group", help="one consumer group (required to reset or delete)")
-    g.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json(g)
     to = g.add_mutually_exclusive_group()
-    to.add_argument("--reset-to", type=_reset_target, metavar="earliest|latest|OFFSET",
+    to.add_argument("--reset-to", type=offset_or_word, metavar="earliest|latest|OFFSET",
                     help="set the group's committed offsets: each partition's earliest or "
                          "latest offset, or OFFSET (within each partition's range)")
-    to.add_argument("--reset-to-timestamp", type=_non_negative, metavar="MS",
+    to.add_argument("--reset-to-timestamp", type=whole(0), metavar="MS",
                     help="set the group's committed offsets to the first record committed at "
                          "or after MS (milliseconds since the epoch; latest if none)")
     to.add_argument("--delete", action="store_true",
                     help="forget the group's committed offsets on the topic")
-    g.add_argument("--partition", type=_non_negative, action="append", metavar="P",
+    g.add_argument("--partition", type=whole(0), action="append", metavar="P",
                    help="reset only partition P (repeatable); the group's other partitions "
                         "keep their offsets. Without it every partition is reset")
     g.add_argument("--dry-run", action="store_true",
                    help="show what a reset would record, without recording it")
     g.set_defaults(func=cmd_groups)
     k = command("check", "verify topics against their commit logs and checksums")
-    k.add_argument("root")
-    k.add_argument("--topic")
+    add_root(k)
+    k.add_argument("--topic", metavar="TOPIC", help="check only this topic (default: all)")
     k.add_argument("--no-verify", action="store_true", help="skip checksums (files only)")
+    add_json(k)
     k.set_defaults(func=cmd_check)
+    for add in _extra_commands():
+        add(command)
     return ap
+
+
+def _extra_commands() -> list:
+    """Commands defined in their own modules: each module's ``add_commands(command)`` adds
+    its subparsers with ``command(name, help)``."""
+    from . import consume, perf, topic_commands
+    return [topic_commands.add_commands, consume.add_commands, perf.add_commands]
 
 
 def main(argv: list[str] | None = None) -> int:

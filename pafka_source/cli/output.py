@@ -5,6 +5,7 @@ The only module of the command that writes to stdout or stderr; the commands ret
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -24,12 +25,29 @@ def echo_lines(lines: Iterable[str]) -> None:
         echo(line)
 
 
+def plain(data: Any) -> Any:
+    """``data`` as JSON holds it: dataclasses (the store's reports) as objects, tuples as
+    lists, mappings with text keys."""
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return {f.name: plain(getattr(data, f.name)) for f in dataclasses.fields(data)}
+    if isinstance(data, dict):
+        return {str(k): plain(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [plain(v) for v in data]
+    return data
+
+
 def emit(data: Any, as_json: bool, render: Callable[[Any], list[str]]) -> None:
     """Print a command's data: as JSON (``--json``), or rendered for people."""
     if as_json:
-        echo(json.dumps(data, indent=2))
+        echo(json.dumps(plain(data), indent=2))
         return
     echo_lines(render(data))
+
+
+def emit_line(data: Any) -> None:
+    """One JSON object on one line, flushed: a stream of events (``--follow --json``)."""
+    echo(json.dumps(plain(data), separators=(",", ":")), flush=True)
 
 
 # -- units and tables ----------------------------------------------------------------------
@@ -164,6 +182,8 @@ def render_describe(d: dict[str, Any]) -> list[str]:
     lines = [f"topic {d['topic']}: {plural(d['partitions'], 'partition')}, log version "
              f"{d['version']}; offset ranges [first, end) exclude their end",
              "schema: " + ", ".join(f"{name} {type_}" for name, type_ in d["schema"])]
+    if d.get("config"):
+        lines.append("topic config: " + ", ".join(f"{k}={v}" for k, v in d["config"].items()))
     for p in d["offsets"]:
         lines.append(f"  partition {p['partition']}: offsets "
                      f"{offsets(p['earliest'], p['latest'])} "
@@ -273,3 +293,38 @@ def render_demo(s: dict[str, Any]) -> list[str]:
               f"~{r['users']} users" for r in s["top"]]
     lines.append(f"  explore it: pafka tiers {s['root']}  |  pafka groups {s['root']} clicks")
     return lines
+
+
+# -- topic management ------------------------------------------------------------------------
+def render_created(r: dict[str, Any]) -> list[str]:
+    """``pafka create-topic``: the topic, its partitions, schema and own keys."""
+    own = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+    return [f"created topic {r['topic']} in {r['root']}: {plural(r['partitions'], 'partition')}"
+            f"; schema: {r['schema']}" + (f"; config: {own}" if own else "")]
+
+
+def render_partitions(r: dict[str, Any]) -> list[str]:
+    """``pafka add-partitions``."""
+    return [f"topic {r['topic']}: {r['before']} -> {plural(r['partitions'], 'partition')} "
+            f"(+{r['added']}); readers and keyed writes see them at their next refresh"]
+
+
+def render_topic_config(r: dict[str, Any]) -> list[str]:
+    """``pafka config``: what changed, then every key with its value and where it comes from
+    (``topic`` marks the topic's own)."""
+    lines = [f"topic {r['topic']}: {c['key']} {c['before'] if c['before'] is not None else '-'}"
+             f" -> {c['after'] if c['after'] is not None else '(the store value)'}"
+             for c in r["changed"]]
+    rows = [[c["key"], str(c["value"]), c["source"] + (" *" if c["source"] == "topic" else "")]
+            for c in r["config"]]
+    return lines + table(["KEY", "VALUE", "SOURCE"], rows) + [
+        "* the topic's own value; set with --set KEY=VALUE, dropped with --unset KEY"]
+
+
+def render_produced(r: dict[str, Any]) -> list[str]:
+    """``pafka produce``'s summary."""
+    parts = ", ".join(f"{p}: {n:,}" for p, n in r["partitions"].items() if n)
+    rate = f", {r['records_per_second']:,} records/s" if r["records_per_second"] else ""
+    return [f"produced {r['records']:,} records ({human(r['bytes'])}) from {r['file']} "
+            f"({r['format']}) to topic {r['topic']} in {r['seconds']:.2f} s{rate}; "
+            f"by partition: {parts or 'none'}"]

@@ -1,8 +1,8 @@
 """The store commands of ``pafka``: each opens an existing store through the public API and
 returns data (dicts, lists, the store's reports); :mod:`.output` renders it.
 
-Every command but ``demo`` works on an existing store and never creates one: a mistyped root
-is an error, not a new empty store.
+Every command but ``demo`` and ``create-topic --create-store`` works on an existing store and
+never creates one: a mistyped root is an error, not a new empty store.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from tier_store import (
     tier_key,
 )
 
+from ..schema_text import schema_text
 from .output import pmem_note
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ def describe_topic(store: Store, name: str) -> dict[str, Any]:
     earliest, latest = t.earliest_offsets(), t.latest_offsets()
     return {
         "topic": t.name, "partitions": t.partitions, "version": t.version,
-        "schema": [(f.name, str(f.type)) for f in t.schema],
+        "schema": [(f.name, str(f.type)) for f in t.schema], "ddl": schema_text(t.schema),
+        "config": t.config,
         "offsets": [{"partition": p, "earliest": earliest[p], "latest": latest[p]}
                     for p in range(t.partitions)],
         "segments": [{"id": s.id, "tier": s.tier, "tier_type": s.tier_type,

@@ -1,0 +1,236 @@
+"""``pafka produce``: records from a Parquet, CSV, JSON-lines or Arrow IPC file into a topic.
+
+The file is read in batches, never whole; each batch is checked against the topic's schema
+(a missing, extra or unconvertible column is one error naming the column, the file and both
+types), cast to it, and appended (durable and visible) before the next batch is read. A
+failure part way says how many records went in before it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from tier_store import InvalidArgument, SchemaMismatch, Store, Topic
+
+from ..schema_text import type_text
+
+FORMATS = ("parquet", "csv", "json", "arrow")
+_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
+             ".json": "json", ".jsonl": "json", ".ndjson": "json", ".arrow": "arrow",
+             ".arrows": "arrow", ".ipc": "arrow", ".feather": "arrow"}
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
+_CSV_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?CSV conversion error to "
+                        r"([^:]+): (.*)")
+
+
+def file_format(path: str, given: str | None) -> str:
+    """``given``, or the format ``path``'s suffix names (a compression suffix aside)."""
+    if given is not None:
+        if path == "-" and given not in ("csv", "json", "arrow"):
+            raise InvalidArgument(f"--format {given} cannot be read from stdin (it needs to "
+                                  "seek): give a file, or use csv, json or arrow")
+        return given
+    if path == "-":
+        raise InvalidArgument("reading stdin ('-') needs --format csv, json or arrow")
+    name = path.lower()
+    for z in _COMPRESSED:
+        name = name.removesuffix(z)
+    fmt = _SUFFIXES.get(os.path.splitext(name)[1])
+    if fmt is None:
+        raise InvalidArgument(f"cannot tell the format of {path} from its suffix: give --format "
+                              f"{'|'.join(FORMATS)} (suffixes: {', '.join(sorted(_SUFFIXES))})")
+    return fmt
+
+
+def _nested(t: pa.DataType) -> bool:
+    return pa.types.is_nested(t)
+
+
+class _Source:
+    """One input file (or stdin) of one format: its batches, as the file holds them."""
+
+    def __init__(self, path: str, fmt: str, schema: pa.Schema, batch_records: int):
+        self.path, self.fmt, self.schema, self.batch_records = path, fmt, schema, batch_records
+        self.name = "stdin" if path == "-" else path
+        self.total: int | None = None  # records, when the file says
+
+    def _stream(self) -> BinaryIO | Any:
+        if self.path == "-":
+            return sys.stdin.buffer
+        return pa.input_stream(self.path, compression="detect")
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from getattr(self, "_" + self.fmt)()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise InvalidArgument(f"{self.name}: cannot read it as {self.fmt}: "
+                                  f"{self._column_names(str(e))}") from None
+
+    def _column_names(self, message: str) -> str:
+        """pyarrow's CSV errors number columns: name the column and both types."""
+        first = message.splitlines()[0]
+        m = _CSV_ERROR.match(first)
+        if m is None:
+            return first
+        names = self._csv_header()
+        i = int(m.group(1))
+        name = repr(names[i]) if i < len(names) else f"#{i + 1}"
+        row = f" in data row {int(m.group(2)) + 1}" if m.group(2) else ""
+        return (f"column {name} is text in CSV, which does not convert to the topic's "
+                f"{m.group(3)}{row}: {m.group(4)}")
+
+    def _csv_header(self) -> list[str]:
+        """The names in the CSV file's first line (none from stdin, which cannot be reread)."""
+        if self.path == "-":
+            return []
+        import csv
+        with pa.input_stream(self.path, compression="detect") as f:
+            head = f.read(1 << 20).decode("utf-8", "replace").splitlines()[:1]
+        delimiter = "\t" if self.path.lower().endswith(".tsv") else ","
+        return next(csv.reader(head, delimiter=delimiter), [])
+
+    def _parquet(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+        f = pq.ParquetFile(self.path)
+        self.total = f.metadata.num_rows
+        yield from f.iter_batches(batch_size=self.batch_records)
+
+    def _arrow(self) -> Iterator[pa.RecordBatch]:
+        if self.path != "-":
+            try:
+                reader = pa.ipc.open_file(pa.memory_map(self.path))
+            except pa.ArrowInvalid:
+                pass  # not the file format: try the stream format
+            else:
+                batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+                self.total = sum(b.num_rows for b in batches)  # mapped, not read
+                yield from batches
+                return
+        yield from pa.ipc.open_stream(self._stream())
+
+    def _csv(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.csv as pcsv
+        # The topic's types where CSV text converts to them directly; a zoned timestamp is
+        # inferred (with or without a zone offset) and cast, nested types cannot be in CSV.
+        for f in self.schema:
+            if _nested(f.type):
+                raise InvalidArgument(f"column {f.name!r} of the topic is {type_text(f.type)}, "
+                                      f"which CSV cannot hold: produce {self.name} as json, "
+                                      "parquet or arrow")
+        types = {f.name: f.type for f in self.schema
+                 if not (pa.types.is_timestamp(f.type) and f.type.tz)}
+        delimiter = "\t" if self.path.lower().endswith(".tsv") else ","
+        reader = pcsv.open_csv(self._stream(),
+                               read_options=pcsv.ReadOptions(block_size=4 << 20),
+                               parse_options=pcsv.ParseOptions(delimiter=delimiter),
+                               convert_options=pcsv.ConvertOptions(column_types=types))
+        yield from reader
+
+    def _json(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.json as pjson
+        # Fields of the topic are parsed as its types; other fields are kept (inferred) so
+        # that the check names them. A field missing from a line is null there, as in JSON.
+        options = pjson.ParseOptions(explicit_schema=self.schema,
+                                     unexpected_field_behavior="infer")
+        read = pjson.ReadOptions(block_size=4 << 20)
+        if hasattr(pjson, "open_json"):  # pyarrow 19 and later stream; older read it whole
+            yield from pjson.open_json(self._stream(), read_options=read, parse_options=options)
+        else:
+            yield from pjson.read_json(self._stream(), read_options=read,
+                                       parse_options=options).to_batches()
+
+
+def fit(batch: pa.RecordBatch, schema: pa.Schema, topic: str, source: str) -> pa.Table:
+    """``batch`` with the topic's columns in its order, each cast to the topic's type; a
+    missing, extra or unconvertible column is :class:`SchemaMismatch` naming it."""
+    names = batch.schema.names
+    missing = [n for n in schema.names if n not in names]
+    extra = [n for n in names if n not in schema.names]
+    if missing or extra:
+        what = "; ".join(([f"no column {', '.join(map(repr, missing))}"] if missing else []) +
+                         ([f"extra column {', '.join(map(repr, extra))}"] if extra else []))
+        raise SchemaMismatch(f"{source} does not fit topic {topic!r}: {what}; the topic's "
+                             f"columns: {', '.join(schema.names)}")
+    cols = []
+    for f in schema:
+        col = batch.column(f.name)
+        if not col.type.equals(f.type):
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                why = str(e).splitlines()[0]
+                raise SchemaMismatch(
+                    f"column {f.name!r} of {source} is {type_text(col.type)}, the topic "
+                    f"{topic!r} has {type_text(f.type)}: {why}") from None
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema.with_metadata(None)
+                                if schema.metadata else schema)
+
+
+def _rebatched(batches: Iterator[pa.RecordBatch], n: int) -> Iterator[pa.Table]:
+    """Tables of ``n`` rows (the last fewer), from batches of any size."""
+    held: list[pa.RecordBatch] = []
+    rows = 0
+    for b in batches:
+        while b.num_rows:
+            take = b.slice(0, n - rows)
+            held.append(take)
+            rows += take.num_rows
+            b = b.slice(take.num_rows)
+            if rows == n:
+                yield pa.Table.from_batches(held)
+                held, rows = [], 0
+    if rows:
+        yield pa.Table.from_batches(held)
+
+
+def produce(store: Store, topic: str, path: str, fmt: str | None = None,
+            key: str | None = None, partition: int | None = None,
+            batch_records: int = 65536,
+            progress: Callable[[int, int | None], None] | None = None) -> dict[str, Any]:
+    """Append the records of file ``path`` (``-``: stdin) to ``topic`` in batches of
+    ``batch_records``; ``progress(records, total)`` after each. The summary: records,
+    bytes, records per partition, seconds."""
+    t: Topic = store.topic(topic)
+    if key is not None and key not in t.schema.names:
+        raise InvalidArgument(f"--key {key}: not a column of topic {topic!r} (columns: "
+                              f"{', '.join(t.schema.names)})")
+    fmt = file_format(path, fmt)
+    if path != "-" and not os.path.exists(path):
+        raise FileNotFoundError(2, "No such file or directory", path)
+    if path != "-" and os.path.isdir(path):
+        raise IsADirectoryError(21, "Is a directory: give a file", path)
+    src = _Source(path, fmt, t.schema, batch_records)
+    records, size, by_partition = 0, 0, dict.fromkeys(range(t.partitions), 0)
+    started = time.perf_counter()
+    try:
+        for table in _rebatched(src.batches(), batch_records):
+            data = fit(table, t.schema, topic, src.name)
+            refs = t.write_chunks(data, partition=partition, key=key)
+            t.commit(refs)
+            records += data.num_rows
+            size += sum(r.length for r in refs)
+            for r in refs:
+                by_partition[r.partition] = by_partition.get(r.partition, 0) + r.records
+            if progress is not None:
+                progress(records, src.total)
+    except (InvalidArgument, SchemaMismatch) as e:
+        if records:  # say what is in the topic already
+            raise type(e)(f"{e} (the {records:,} records before it were produced)") from None
+        raise
+    seconds = time.perf_counter() - started
+    return {"topic": topic, "file": src.name, "format": fmt, "records": records, "bytes": size,
+            "partitions": {str(p): n for p, n in sorted(by_partition.items())},
+            "seconds": round(seconds, 3),
+            "records_per_second": round(records / seconds) if seconds > 0 else None,
+            "latest": {str(p): o for p, o in t.latest_offsets().items()}}
+
+
+__all__ = ["FORMATS", "file_format", "fit", "produce"]

@@ -1,0 +1,243 @@
+"""``pafka`` commands that manage topics: create-topic, add-partitions, config, produce.
+
+Each ``*_topic``/``*_config`` function takes a store and returns data; the ``cmd_*``
+handlers parse arguments, draw progress bars, and print through :mod:`.output`.
+
+Only ``create-topic --create-store`` creates a store. A mistyped root must stay an error, as
+in every other command; but a shell user with no Python and no Spark job needs a way to
+start one, so the flag makes that choice explicit, with the layout in ``--store-config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pyarrow as pa
+
+from tier_store import (
+    CONFIG_KEYS,
+    TOPIC_CONFIG_KEYS,
+    ConfigError,
+    InvalidArgument,
+    Store,
+    StoreNotFound,
+    TopicExists,
+    check_topic_config,
+    root_location,
+    topic_key,
+)
+
+from ..schema_text import ALLOWED_TYPES, parse_schema, schema_text
+from . import output as out
+from . import store_commands as sc
+from .args import add_json, add_root, add_topic, whole
+from .produce import FORMATS, produce
+
+CONFIG_HELP = ("a topic-level key: " + ", ".join(TOPIC_CONFIG_KEYS) +
+               " (Kafka's retention.ms, retention.bytes, segment.ms also work)")
+
+
+def key_values(items: list[str] | None, option: str) -> dict[str, str]:
+    """``KEY=VALUE`` items of ``option`` as a dict; a malformed or repeated key is an error."""
+    conf: dict[str, str] = {}
+    for item in items or []:
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise InvalidArgument(f"{option} takes KEY=VALUE, got {item!r}")
+        if k.strip() in conf:
+            raise InvalidArgument(f"{option} {k.strip()} is given twice")
+        conf[k.strip()] = v.strip()
+    return conf
+
+
+# -- the commands' data -------------------------------------------------------------------------
+def read_schema_file(path: str) -> pa.Schema:
+    """The schema of an Arrow IPC file or stream (its records are not read)."""
+    with open(path, "rb") as f:  # a missing or unreadable file: the OSError names it
+        head = f.read(6)
+    try:
+        if head == b"ARROW1":
+            return pa.ipc.open_file(pa.memory_map(path)).schema
+        return pa.ipc.open_stream(pa.OSFile(path)).schema
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise InvalidArgument(f"--schema-file {path}: not an Arrow IPC file or stream "
+                              f"({str(e).splitlines()[0]}); or give --schema \"id long, ...\"")\
+            from None
+
+
+def create_topic(store: Store, name: str, schema: pa.Schema, partitions: int | None,
+                 config: dict[str, str]) -> dict[str, Any]:
+    """Create topic ``name``; what it is now."""
+    conf = check_topic_config(config, unset=False)
+    try:
+        t = store.create_topic(name, schema, partitions, conf)
+    except TopicExists as e:
+        raise TopicExists(f"{e}: pafka describe shows it, pafka delete-topic deletes it; or "
+                          "pick another name") from None
+    return {"root": store.root, "topic": t.name, "id": t.id, "partitions": t.partitions,
+            "schema": schema_text(t.schema), "config": t.config}
+
+
+def add_partitions(store: Store, name: str, n: int) -> dict[str, Any]:
+    """Add ``n`` partitions to topic ``name``: its count before and after."""
+    t = store.topic(name)
+    before = t.partitions
+    return {"topic": name, "before": before, "added": n, "partitions": t.add_partitions(n)}
+
+
+def topic_config(store: Store, name: str, set_: dict[str, str] | None = None,
+                 unset: list[str] | None = None) -> dict[str, Any]:
+    """Topic ``name``'s effective value of every key it may set (``source``: topic, store
+    or default), after setting ``set_`` and unsetting ``unset`` in one commit-log entry."""
+    t = store.topic(name)
+    changes: dict[str, Any] = dict(set_ or {})
+    own = t.config
+    for k in unset or []:
+        key = topic_key(k)
+        if k in changes or key in {topic_key(s) for s in changes}:
+            raise InvalidArgument(f"--unset {k} and --set {k} contradict each other")
+        if key not in own:
+            raise InvalidArgument(f"--unset {k}: topic {name!r} has no value of its own for "
+                                  f"{key}; its own keys: {', '.join(own) or '(none)'}")
+        changes[key] = None
+    before = own
+    after = t.set_config(changes) if changes else own
+    saved = store.config.explicit()
+    rows = []
+    for key in TOPIC_CONFIG_KEYS:
+        source = "topic" if key in after else "store" if key in saved else "default"
+        value = after[key] if key in after else store.config[key]
+        rows.append({"key": key, "value": value, "source": source,
+                     "allowed": CONFIG_KEYS[key].allowed()})
+    changed = [{"key": k, "before": before.get(k), "after": after.get(k)}
+               for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    return {"topic": name, "version": t.version, "config": rows, "changed": changed}
+
+
+def open_for_create(root: str, create_store: bool, store_config: dict[str, str]) -> Store:
+    """The store a topic is created in: the existing one, or with ``create_store`` a new one
+    laid out by ``store_config``."""
+    if store_config and not create_store:
+        raise InvalidArgument("--store-config applies only with --create-store (the layout of "
+                              "an existing store is fixed; see pafka resize and relocate)")
+    if not create_store:
+        try:
+            return sc.open_store(root)
+        except StoreNotFound as e:
+            raise StoreNotFound(f"{e}; or add --create-store (with --store-config KEY=VALUE "
+                                "for its tiers) to make one here") from None
+    sc.check_root(root)
+    return Store.open(root_location(root), store_config or None, create=True)
+
+
+# -- handlers -------------------------------------------------------------------------------
+def cmd_create_topic(args: argparse.Namespace) -> int:
+    schema = (parse_schema(args.schema) if args.schema is not None
+              else read_schema_file(args.schema_file))
+    config = key_values(args.config, "--config")
+    check_topic_config(config, unset=False)  # before a store is made
+    store = open_for_create(args.root, args.create_store,
+                            key_values(args.store_config, "--store-config"))
+    out.emit(create_topic(store, args.topic, schema, args.partitions, config), args.json,
+             out.render_created)
+    return 0
+
+
+def cmd_add_partitions(args: argparse.Namespace) -> int:
+    out.emit(add_partitions(sc.open_store(args.root), args.topic, args.n), args.json,
+             out.render_partitions)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    store = sc.open_store(args.root)
+    try:
+        out.emit(topic_config(store, args.topic, key_values(args.set, "--set"), args.unset),
+                 args.json, out.render_topic_config)
+    except ConfigError as e:
+        raise ConfigError(f"topic {args.topic!r}: {e}") from None
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    store = sc.open_store(args.root)
+    with tqdm(unit=" records", unit_scale=True, desc="producing", disable=None) as bar:
+        def progress(records: int, total: int | None) -> None:
+            if total is not None and bar.total != total:
+                bar.total = total
+            bar.update(records - bar.n)
+        summary = produce(store, args.topic, args.source, args.format, args.key,
+                          args.partition, args.batch_records, progress)
+    out.emit(summary, args.json, out.render_produced)
+    return 0
+
+
+# -- parsers ----------------------------------------------------------------------------------
+def add_commands(command: Any) -> None:
+    """Add create-topic, add-partitions, config and produce with ``command(name, help)``."""
+    c = command("create-topic", "create a topic with a schema and a number of partitions")
+    c.epilog = ('Example: pafka create-topic ROOT clicks --schema "user long, url string, ts '
+                'timestamp" --partitions 4 --config retention.ms=86400000')
+    add_root(c)
+    add_topic(c, "the new topic's name")
+    given = c.add_mutually_exclusive_group(required=True)
+    given.add_argument("--schema", metavar="DDL",
+                       help="columns as Spark's DDL: \"name type [NOT NULL], ...\"; types: "
+                            + ALLOWED_TYPES.replace("%", "%%"))
+    given.add_argument("--schema-file", metavar="FILE",
+                       help="an Arrow IPC file or stream whose schema the topic takes")
+    c.add_argument("--partitions", type=whole(1), metavar="N",
+                   help="partition count (default: the store's num.partitions)")
+    c.add_argument("--config", action="append", metavar="KEY=VALUE", help=CONFIG_HELP)
+    c.add_argument("--create-store", action="store_true",
+                   help="create the store at ROOT if it has none (without it, a root with no "
+                        "store is an error, so a mistyped path makes nothing)")
+    c.add_argument("--store-config", action="append", metavar="KEY=VALUE",
+                   help="with --create-store: a store key such as storage.tiers.types=PMEM,HDD "
+                        "or log.segment.bytes=64m (conf/pafka.properties lists them)")
+    add_json(c)
+    c.set_defaults(func=cmd_create_topic)
+
+    a = command("add-partitions", "add partitions to a topic (readers find them; existing "
+                                  "records stay where they are)")
+    add_root(a)
+    add_topic(a)
+    a.add_argument("n", type=whole(1), metavar="N", help="how many partitions to add")
+    add_json(a)
+    a.set_defaults(func=cmd_add_partitions)
+
+    g = command("config", "show a topic's configuration, its own values marked, or change "
+                          "them for every process")
+    g.epilog = ("Example: pafka config ROOT clicks --set retention.ms=3600000 --unset "
+                "compression.type")
+    add_root(g)
+    add_topic(g)
+    g.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="give the topic its own value: " + CONFIG_HELP)
+    g.add_argument("--unset", action="append", metavar="KEY",
+                   help="drop the topic's own value of KEY: the store's applies again")
+    add_json(g)
+    g.set_defaults(func=cmd_config)
+
+    p = command("produce", "append the records of a Parquet, CSV, JSON-lines or Arrow IPC "
+                           "file to a topic, in batches")
+    p.epilog = "Example: pafka produce ROOT clicks --from clicks.parquet --key user"
+    add_root(p)
+    add_topic(p)
+    p.add_argument("--from", dest="source", required=True, metavar="FILE",
+                   help="the file to read; - reads stdin (with --format csv, json or arrow)")
+    p.add_argument("--format", choices=FORMATS,
+                   help="the file's format (default: from its suffix, e.g. .parquet, .csv, "
+                        ".jsonl, .arrow)")
+    to = p.add_mutually_exclusive_group()
+    to.add_argument("--key", metavar="COLUMN",
+                    help="route each record by the hash of COLUMN (default: round-robin)")
+    to.add_argument("--partition", type=whole(0), metavar="P",
+                    help="write every record to partition P")
+    p.add_argument("--batch-records", type=whole(1), default=65536, metavar="N",
+                   help="records read and appended at a time (default 65536)")
+    add_json(p)
+    p.set_defaults(func=cmd_produce)
