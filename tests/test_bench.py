@@ -40,7 +40,7 @@ def tracked_state() -> tuple[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py", "soak.py",
-                                    "scaleout_bench.py"])
+                                    "scaleout_bench.py", "perf_cli_bench.py"])
 def test_help(script):
     r = run(script, "--help")
     assert r.returncode == 0, r.stderr
@@ -69,6 +69,9 @@ def test_help(script):
     ("scaleout_bench.py", ["--batches", "1"], "--batches"),
     ("scaleout_bench.py", ["--rows", "x"], "--rows"),
     ("scaleout_bench.py", ["--out", "bench"], "--out"),
+    ("perf_cli_bench.py", ["--records", "0"], "--records"),
+    ("perf_cli_bench.py", ["--processes", "0"], "--processes"),
+    ("perf_cli_bench.py", ["--batch-records", "x"], "--batch-records"),
 ])
 def test_bad_arguments_name_the_flag(script, args, flag):
     r = run(script, *args)
