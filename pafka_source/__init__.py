@@ -64,4 +64,14 @@ def track_groups(spark: Any) -> Any:
     return track(spark)
 
 
-__all__ = ["SPARK_CONF", "__version__", "register", "start_migration", "track_groups"]
+def track_lag(spark: Any) -> Any:
+    """Measure each streaming query's pafka sources after every micro-batch: records and
+    bytes behind the latest offsets, and the share of the batch on tier 1 (a listener on the
+    driver); returns the :class:`~pafka_source.progress.LagTracker`. See
+    :mod:`pafka_source.progress`."""
+    from .progress import track_lag as track
+    return track(spark)
+
+
+__all__ = ["SPARK_CONF", "__version__", "register", "start_migration", "track_groups",
+           "track_lag"]

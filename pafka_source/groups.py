@@ -31,6 +31,7 @@ class TrackedSource:
     group: str | None
     topics: tuple[str, ...]  # named topics; empty with a pattern
     pattern: str | None
+    starting: str | None = None  # the startingOffsets option, as given
 
     def reads(self, topic: str) -> bool:
         if self.pattern is not None:
@@ -48,7 +49,8 @@ def sources_of(options: list[dict[str, str]]) -> list[TrackedSource]:
             continue
         named = o.get("topic") or o.get("subscribe") or ""
         topics = tuple(t.strip() for t in named.split(",") if t.strip())
-        out.append(TrackedSource(root, group, topics, o.get("subscribepattern")))
+        out.append(TrackedSource(root, group, topics, o.get("subscribepattern"),
+                                 o.get("startingoffsets")))
     return out
 
 
@@ -169,21 +171,13 @@ class GroupTracker:
             self._pafka_sources.pop(query_id, None)
 
 
-def track_groups(spark: Any) -> Any:
-    """Record every streaming query's consumer-group position as each micro-batch ends.
+def listener_for(tracker: Any, failed: str) -> Any:
+    """A streaming query listener that hands each query's start, progress and end to
+    ``tracker`` (``on_start``, ``on_progress``, ``forget``); a failure is logged as
+    ``failed`` and never reaches Spark's listener thread. ``listener.tracker`` is it."""
 
-    Adds a listener to ``spark``'s streaming query manager (one per session is enough;
-    a second call returns the first) and returns it; ``spark.streams.removeListener`` takes
-    it off. A source records its group only with the ``consumerGroup`` option. Without this,
-    a group lags one micro-batch, and a stopped query's last batch is never recorded."""
-    existing = getattr(spark, "_pafka_group_listener", None)
-    if existing is not None:
-        return existing
-    tracker = GroupTracker(spark)
-    base = _listener_base()
-
-    class PafkaGroupListener(base):  # type: ignore[misc, valid-type]
-        """Spark's listener interface around a :class:`GroupTracker`."""
+    class PafkaListener(_listener_base()):  # type: ignore[misc]
+        """Spark's listener interface around a tracker."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -199,11 +193,9 @@ def track_groups(spark: Any) -> Any:
             try:
                 tracker.on_progress(event.progress)
             except (PafkaError, OSError, ValueError) as e:
-                log.warning("consumer group position not recorded for query %s: %s",
-                            event.progress.id, e)
+                log.warning("%s for query %s: %s", failed, event.progress.id, e)
             except Exception:  # a listener must never break Spark's listener thread
-                log.exception("consumer group tracking failed for query %s",
-                              event.progress.id)
+                log.exception("%s for query %s", failed, event.progress.id)
 
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
             pass
@@ -211,10 +203,24 @@ def track_groups(spark: Any) -> Any:
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
             tracker.forget(str(event.id))
 
-    listener = PafkaGroupListener()
+    return PafkaListener()
+
+
+def track_groups(spark: Any) -> Any:
+    """Record every streaming query's consumer-group position as each micro-batch ends.
+
+    Adds a listener to ``spark``'s streaming query manager (one per session is enough;
+    a second call returns the first) and returns it; ``spark.streams.removeListener`` takes
+    it off. A source records its group only with the ``consumerGroup`` option. Without this,
+    a group lags one micro-batch, and a stopped query's last batch is never recorded."""
+    existing = getattr(spark, "_pafka_group_listener", None)
+    if existing is not None:
+        return existing
+    tracker = GroupTracker(spark)
+    listener = listener_for(tracker, "consumer group position not recorded")
     spark.streams.addListener(listener)
     spark._pafka_group_listener = listener
     return listener
 
 
-__all__ = ["GroupTracker", "TrackedSource", "track_groups"]
+__all__ = ["GroupTracker", "TrackedSource", "listener_for", "track_groups"]

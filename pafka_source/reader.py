@@ -26,11 +26,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from tier_store import DataLoss, InvalidArgument, Topic
+from tier_store import DataLoss, InvalidArgument, PafkaError, Topic
 
 from .offsets import Offsets, bounds, recreated, split_ids, with_ids
 from .options import SourceOptions
 from .planning import PafkaPartition, Planning
+from .progress import LAG_KEY, lag_report
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
             log.warning("option maxTriggerDelay has no effect without minOffsetsPerTrigger")
         self._target: Offsets | None = None
         self._last_batch_ms = time.time() * 1000
+        self._planned: tuple[Offsets, Offsets] | None = None  # the last batch's range
 
     def initialOffset(self) -> Offsets:
         start = self.starting_offsets("latest")
@@ -165,7 +167,15 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
                 for name, t in self.topics().items()}
 
     def reportLatestOffset(self) -> Offsets:
-        return with_ids(self._latest(), self.topics())
+        # Only this reaches a query's progress (as latestOffset): the lag rides along in it.
+        topics = self.topics()
+        out = with_ids(self._latest(), topics)
+        if self._planned is not None:
+            try:
+                out[LAG_KEY] = lag_report(topics, *self._planned)
+            except (PafkaError, OSError) as e:  # a report never fails the query
+                log.debug("lag not reported: %s", e)
+        return out
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         topics = self.topics()  # refreshed once: reads only the new commit-log entries
@@ -205,6 +215,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
         # Keep offsets of topics that start knows but no longer match (e.g. a deleted topic).
         for n, parts in start.items():
             latest.setdefault(n, dict(parts))
+        self._planned = (begin, latest)
         return with_ids({n: latest[n] for n in sorted(latest)}, topics, ids)
 
     def _limit(self, begin: Offsets, latest: Offsets, topics: dict[str, Topic],
@@ -262,8 +273,11 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
         topics = self.topics()
         for name, parts in end.items():
             if name in topics and (not ids.get(name) or ids[name] == topics[name].id):
-                topics[name].set_position(self.opts.consumer_group,
-                                          {int(p): o for p, o in parts.items()})
+                # track_groups may have recorded a later batch's end already: never go back.
+                have = topics[name].positions().get(self.opts.consumer_group, {})
+                ahead = {int(p): o for p, o in parts.items() if o > have.get(int(p), -1)}
+                if ahead:
+                    topics[name].set_position(self.opts.consumer_group, ahead)
 
 
 class FailedStreamReader(PafkaStreamReader):

@@ -33,6 +33,8 @@ Sink options: ``topic``, ``key``, ``partitions`` (for a new topic), ``compressio
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
@@ -93,7 +95,18 @@ class PafkaDataSource(DataSource):
     def reader(self, schema: StructType) -> PafkaBatchReader:
         return PafkaBatchReader(self._source_options(schema), schema)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark's planner tells its Python workers to hide tracebacks (SPARK_HIDE_TRACEBACK,
+        # from spark.sql.execution.pyspark.udf.hideTraceback.enabled); its streaming runner
+        # is not told. The planner pickles this source for the runner: the setting goes along.
+        state = dict(self.__dict__)
+        state.setdefault("_hide_traceback", bool(os.environ.get("SPARK_HIDE_TRACEBACK")))
+        return state
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self.__dict__.get("_hide_traceback"):
+            # This process serves this reader alone: its errors become one line, as in batch.
+            os.environ["SPARK_HIDE_TRACEBACK"] = "1"
         try:
             return PafkaStreamReader(self._source_options(schema), schema)
         except Exception as e:  # noqa: BLE001 - raised again from the reader's first call
