@@ -491,3 +491,18 @@ def test_the_service_logs_a_move_waiting_for_an_old_copy_s_grace_period_once(tmp
               if r.name == "migration.service"]
     assert [lvl for lvl, _ in logged] == [logging.INFO, logging.DEBUG, logging.DEBUG], logged
     assert "grace period" in logged[0][1]
+
+
+def test_a_segments_file_bytes_are_what_a_move_lays_out(tmp_path, shm_dir):
+    # The policy plans with file_bytes and the mover needs the layout's end: the same
+    # number, so a segment its writer filled fits a pool file again.
+    s = _tiered(tmp_path, shm_dir)
+    t = _fill(s, n=300, per=77)  # chunks of lengths no multiple of the alignment
+    sealed = [x for x in t.segments() if x.sealed]
+    assert len(sealed) >= 3
+    for seg in sealed[:3]:
+        s.move_segment(f"t/{seg.id}", 2)
+        moved = t.refresh().state().part(0).segments[int(seg.id.split("-")[1])]
+        assert moved.tier == 2 and moved.extent == seg.file_bytes
+        s.move_segment(f"t/{seg.id}", 1)
+        assert {x.id: x.tier for x in t.refresh().segments()}[seg.id] == 1

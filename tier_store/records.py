@@ -80,14 +80,16 @@ class SegmentInfo:
     # False while the file holds chunks written but not committed yet (a writer may still
     # commit them) that are younger than log.cleanup.grace.ms: such a segment waits to move.
     settled: bool = True
-    # The chunks' lengths, each rounded up to CHUNK_ALIGN (0: not known).
+    # The chunks' lengths packed as a move lays them out: each aligned but the last (0: not
+    # known).
     aligned_bytes: int = 0
 
     @property
     def file_bytes(self) -> int:
-        """The bytes a file holding just this segment's chunks takes: the header and the
-        chunks, each aligned (a bound from the chunk count when their lengths are not known).
-        An upper bound would keep a full segment from ever fitting a pool file again."""
+        """The bytes a file holding just this segment's chunks takes, as a move lays them
+        out: the header and the chunks, each aligned but the last (a bound from the chunk
+        count when their lengths are not known). Any more would keep a segment its writer
+        filled from ever fitting a pool file again."""
         if self.aligned_bytes:
             return HEADER_SIZE + self.aligned_bytes
         return HEADER_SIZE + self.bytes + self.chunks * (CHUNK_ALIGN - 1)

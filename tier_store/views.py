@@ -83,6 +83,23 @@ def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
     return int(rows["base"][i]) if i < len(rows) else st.part(p).next_offset
 
 
+def _spans(rows: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:
+    """Per segment (by sequence), the bytes of its committed chunks (``rows``, in offset
+    order) each aligned; and packed as a move lays them out, each aligned but the last."""
+    if not len(rows):
+        return {}, {}
+    seqs, inverse = np.unique(rows["seq"], return_inverse=True)
+    lengths = rows["length"].astype(np.int64)
+    padded = (lengths + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
+    last = np.zeros(len(seqs), dtype=np.int64)
+    np.maximum.at(last, inverse, np.arange(len(rows)))
+    aligned = np.bincount(inverse, weights=padded).astype(np.int64)
+    packed = aligned - (padded - lengths)[last]
+    keys = seqs.tolist()
+    return (dict(zip(keys, aligned.tolist(), strict=True)),
+            dict(zip(keys, packed.tolist(), strict=True)))
+
+
 def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
                   active_of: Callable[[int], tuple[int, int] | None],
                   grace_s: float) -> list[SegmentInfo]:
@@ -93,10 +110,7 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
     for p in range(st.partitions):
         active = active_of(p)
         rows = st.part(p).chunks.rows()
-        seqs, inverse = np.unique(rows["seq"], return_inverse=True)
-        spans = dict(zip(seqs.tolist(), np.bincount(
-            inverse, weights=(rows["length"] + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
-        ).astype(np.int64).tolist(), strict=True)) if len(rows) else {}
+        spans, packed = _spans(rows)
         for s in st.partition_segments(p):
             tier = tier_of(s.tier)
             path = tier.segment_path(topic, p, s.seq)
@@ -108,7 +122,7 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
             out.append(SegmentInfo(
                 s.id, topic, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier,
                 tier.type, path, sealed, s.first_ts, s.last_ts, settled,
-                spans.get(s.seq, 0)))
+                packed.get(s.seq, 0)))
     return out
 
 

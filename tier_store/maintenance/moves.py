@@ -261,7 +261,9 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         grace_s = topic.setting("log.cleanup.grace.ms") / 1000.0
         final = target.segment_path(topic.name, p, seq)
         _check_movable(topic, plan, tier_number, final, grace_s)
-        need = HEADER_SIZE + sum(align(int(n)) for n in rows["length"])
+        # The layout's end: each chunk aligned but the last, as a writer fills a file.
+        need = HEADER_SIZE + sum(align(int(n)) for n in rows["length"][:-1]) + int(
+            rows["length"][-1])
         tomb = plan.tomb
         names = contextlib.ExitStack()
         if not target.local:
