@@ -88,6 +88,26 @@ def test_every_python_block_of_the_readme_runs_and_says_what_it_prints():
     assert {e.uses_spark for e in found} == {True, False}  # a Spark job and plain Python
 
 
+_SHELL_RE = re.compile(r"<!-- test: shell((?:\s+expect=\"[^\"]*\")*)\s*-->\s*\n```bash\n(.*?)\n```",
+                       re.DOTALL)
+
+
+def test_readme_shell_session_runs_outside_the_repository(tmp_path):
+    """The Operating section's commands, run by bash with the install's ``pafka`` first on
+    PATH, in an empty directory: each must succeed (``set -e``)."""
+    found = list(_SHELL_RE.finditer(README.read_text()))
+    assert found, "the README's Operating section has no <!-- test: shell --> block"
+    bindir = str(Path(sys.executable).parent)
+    env = {**_env(tmp_path), "PATH": bindir + ":" + _env(tmp_path).get("PATH", "")}
+    for m in found:
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", m.group(2)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, tail
+        for want in _EXPECT_RE.findall(m.group(1)):
+            assert want in proc.stdout + proc.stderr, f"{want!r} not printed{tail}"
+
+
 def test_readme_plain_python_example_runs(tmp_path):
     for example in examples():
         if not example.uses_spark:
