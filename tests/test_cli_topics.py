@@ -246,6 +246,9 @@ def test_a_topics_own_retention_applies_to_it_alone(tmp_path, capsys):
     (["--set", "retention.ms"], ["--set takes KEY=VALUE"]),
     (["--unset", "log.retention.ms"], ["has no value of its own for log.retention.ms"]),
     (["--set", "retention.ms=1", "--unset", "retention.ms"], ["contradict"]),
+    (["--set", "retention.ms=1", "--set", "log.retention.ms=2"],
+     ["retention.ms and log.retention.ms both name log.retention.ms"]),
+    (["--unset", "nonsense.key"], ["unknown configuration key 'nonsense.key'"]),
 ])
 def test_config_refuses_what_a_topic_cannot_set(root, capsys, argv, needles):
     one_line_error(capsys, ["config", root, "t", *argv], *needles)
@@ -397,3 +400,14 @@ def test_a_failure_part_way_says_what_was_produced(root, tmp_path, capsys):
                    "column 'key' of", "is string, the topic 't' has bigint", "'x'",
                    "the 30 records before it were produced")
     assert [r["key"] for r in records(root)] == list(range(30))
+
+
+def test_unset_drops_a_key_an_older_version_let_a_topic_set(root, capsys):
+    # Entries of an older version may hold any store key: --unset can still drop it.
+    from tier_store.entries import ConfigEntry
+    t = Store.open(root, create=False).topic("t")
+    t.log.publish_retrying(lambda st: ConfigEntry(st.last_ts + 1, {"num.partitions": 3}))
+    assert t.refresh().config == {"num.partitions": 3}
+    rc, out, err = run(capsys, "config", root, "t", "--unset", "num.partitions")
+    assert rc == 0 and "num.partitions 3 -> (the store value)" in out, err
+    assert Store.open(root, create=False).topic("t").config == {}

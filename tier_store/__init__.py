@@ -52,7 +52,7 @@ from .tables import as_table, conform, loose_type
 from .tiers import throttle_tier_writes
 from .topic import Topic
 from .topic_config import TOPIC_KEYS as TOPIC_CONFIG_KEYS
-from .topic_config import check_topic_config, topic_key
+from .topic_config import check_topic_config, topic_key, unset_key
 
 __version__ = "0.1.0"
 
@@ -118,6 +118,7 @@ __all__ = [
     "throttle_tier_writes",
     "tier_key",
     "topic_key",
+    "unset_key",
     "host_id",
     "read_counts",
 ]

@@ -62,15 +62,31 @@ def topic_key(name: str) -> str:
                       f"(see conf/pafka.properties); a topic may set {allowed}")
 
 
+def unset_key(name: str) -> str:
+    """The store key that unsetting ``name`` drops: a key a topic may set, or any other
+    known key (a topic created by an older version may hold one)."""
+    try:
+        return topic_key(name)
+    except ConfigError:
+        known = canonical_key(str(name).strip())
+        key_for(known)  # an unknown name: the error names the closest ones
+        return known
+
+
 def check_topic_config(changes: Mapping[str, Any], unset: bool = True) -> dict[str, Any]:
     """``changes`` (key to value; None unsets the key when ``unset``) with each key made a
-    store key and each value parsed and checked as the store's configuration checks it."""
+    store key and each value parsed and checked as the store's configuration checks it.
+    Two names of one key (``retention.ms`` and ``log.retention.ms``) are an error."""
     out: dict[str, Any] = {}
+    named: dict[str, str] = {}
     for name, value in changes.items():
-        key = topic_key(name)
+        if value is None and not unset:
+            raise ConfigError(f"{name}: a value is needed here")
+        key = unset_key(name) if value is None else topic_key(name)
+        if key in named:
+            raise ConfigError(f"{named[key]} and {name} both name {key}: give it once")
+        named[key] = str(name)
         if value is None:
-            if not unset:
-                raise ConfigError(f"{name}: a value is needed here")
             out[key] = None
             continue
         parsed = KEYS[key].parse(value)
@@ -88,4 +104,5 @@ def set_config(topic: Topic, changes: Mapping[str, Any]) -> dict[str, Any]:
     return topic.refresh().config
 
 
-__all__ = ["KAFKA_ALIASES", "TOPIC_KEYS", "check_topic_config", "set_config", "topic_key"]
+__all__ = ["KAFKA_ALIASES", "TOPIC_KEYS", "check_topic_config", "set_config", "topic_key",
+           "unset_key"]

@@ -26,6 +26,7 @@ from tier_store import (
     check_topic_config,
     root_location,
     topic_key,
+    unset_key,
 )
 
 from ..schema_text import ALLOWED_TYPES, parse_schema, schema_text
@@ -93,9 +94,10 @@ def topic_config(store: Store, name: str, set_: dict[str, str] | None = None,
     t = store.topic(name)
     changes: dict[str, Any] = dict(set_ or {})
     own = t.config
+    set_keys = {topic_key(k) for k in changes}
     for k in unset or []:
-        key = topic_key(k)
-        if k in changes or key in {topic_key(s) for s in changes}:
+        key = unset_key(k)
+        if k in changes or key in set_keys:
             raise InvalidArgument(f"--unset {k} and --set {k} contradict each other")
         if key not in own:
             raise InvalidArgument(f"--unset {k}: topic {name!r} has no value of its own for "
