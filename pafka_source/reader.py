@@ -273,11 +273,10 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
         topics = self.topics()
         for name, parts in end.items():
             if name in topics and (not ids.get(name) or ids[name] == topics[name].id):
-                # track_groups may have recorded a later batch's end already: never go back.
-                have = topics[name].positions().get(self.opts.consumer_group, {})
-                ahead = {int(p): o for p, o in parts.items() if o > have.get(int(p), -1)}
-                if ahead:
-                    topics[name].set_position(self.opts.consumer_group, ahead)
+                # track_groups may have recorded a later batch's end already: never go back
+                # (its listener moves a group back when a query restarts behind it).
+                topics[name].advance_position(self.opts.consumer_group,
+                                              {int(p): o for p, o in parts.items()})
 
 
 class FailedStreamReader(PafkaStreamReader):

@@ -334,6 +334,22 @@ def test_set_position_merges_against_the_state_it_publishes_on(file_store):
     assert t.positions()["h"] == {p: 0 for p in range(8)}
 
 
+def test_advance_position_never_moves_a_committed_offset_back(file_store):
+    t = file_store.create_topic("t", SCHEMA, partitions=2)
+    for p in range(2):
+        t.append(make_batch(p * 10, 10), partition=p)
+    stale = Store.open(file_store.root).topic("t")
+    stale.state()  # looked before the later position below was recorded
+    t.set_position("g", {0: 8})
+    version = t.version
+    stale.advance_position("g", {0: 5})  # behind what the log holds now: nothing published
+    assert t.refresh().version == version and t.positions()["g"] == {0: 8}
+    stale.advance_position("g", {0: 6, 1: 4})  # partition 1 moves, partition 0 stays
+    assert t.positions()["g"] == {0: 8, 1: 4}
+    with pytest.raises(PafkaError, match="past its latest offset 10"):
+        t.advance_position("g", {1: 11})
+
+
 def test_reset_position_replaces_the_whole_position_and_delete_group_forgets_it(store_root):
     s = store_root.open({"log.checkpoint.interval": 2})
     t = s.create_topic("t", SCHEMA, partitions=2)

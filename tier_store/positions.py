@@ -102,6 +102,20 @@ class GroupPositions:
                                           self.latest_offsets(), self._check_partition)
         self.log.publish_retrying(lambda st: merged_entry(st, group, clean))
 
+    def advance_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
+        """As :meth:`set_position`, but each partition's committed offset only moves forward:
+        a later position another process recorded meanwhile stays. Compared with the log's
+        state as the entry is published, so no race can undo it; nothing is published when
+        no offset moves."""
+        clean = checked_offsets(self.name, "advance_position", group, offsets,
+                                self.latest_offsets(), self._check_partition)
+
+        def make(st: TopicState) -> PositionEntry | None:
+            have = {int(p): o for p, o in st.positions.get(group, {}).items()}
+            ahead = {p: o for p, o in clean.items() if o > have.get(p, -1)}
+            return merged_entry(st, group, ahead) if ahead else None
+        self.log.publish_retrying(make)
+
     def reset_position(self, group: str, offsets: Mapping[int | str, int]) -> None:
         """Replace consumer group ``group``'s whole position by ``offsets``: partitions not
         named lose their committed offset. Creates the group if it has no position yet."""
