@@ -187,7 +187,8 @@ def render_describe(d: dict[str, Any]) -> list[str]:
     for p in d["offsets"]:
         lines.append(f"  partition {p['partition']}: offsets "
                      f"{offsets(p['earliest'], p['latest'])} "
-                     f"({p['latest'] - p['earliest']:,} records)")
+                     f"({p['latest'] - p['earliest']:,} record"
+                     f"{'' if p['latest'] - p['earliest'] == 1 else 's'})")
     for s in d["segments"]:
         lines.append(f"  segment {s['id']:>8} tier {s['tier']} {s['tier_type']:5s} offsets "
                      f"{offsets(s['base_offset'], s['end_offset'])} {human(s['bytes']):>10} "
