@@ -237,3 +237,35 @@ def test_a_malformed_shared_reference_is_refused_before_publishing(shared):
         assert t.version == 0
         with pytest.raises(CorruptLog, match="not 32 lowercase hex"):
             s.shared.bundle_dir("t", "../other")
+
+
+def test_check_on_a_shared_store_checks_objects_not_other_hosts_caches(shared):
+    root, conf, tier1, hb = shared
+    with Store.open(root, conf) as s:
+        s.topic("t").append(_rows(0, 2000), key="id")
+    host_job("hb", hb, tier1, "write", root, json.dumps(conf), "t", "2000", "1000")
+    with Store.open(root, conf, create=False) as s:
+        [report] = s.check()
+        assert report.ok and report.chunks == 6 and report.bytes_verified > 0, report
+        # This host's caches evicted (or lost): nothing is missing, every object verified.
+        shutil.rmtree(tier1)
+    with Store.open(root, conf, create=False) as s:
+        again = s.check()[0]
+        shared_bytes = sum(int(r["length"]) for p in range(3)
+                           for r in s.topic("t").state().part(p).chunks.rows())
+        # The objects hold every chunk; the first check verified this host's copies too.
+        assert again.ok and again.bytes_verified == shared_bytes < report.bytes_verified
+        [first, second] = _bundles(s)
+        fs = s.shared.tier.fs
+        data = bytearray(fs.cat_file(first))
+        data[len(data) // 2] ^= 0x40
+        fs.pipe_file(first, bytes(data))
+        fs.rm(second)
+        damaged = s.check()[0]
+        assert any("does not match its checksum" in p and first.split("/")[-1] in p
+                   for p in damaged.problems), damaged.problems
+        assert any("is missing" in p and second.split("/")[-1] in p
+                   for p in damaged.problems), damaged.problems
+        quick = s.check(verify=False)[0]  # no checksums: the missing object still shows
+        assert [p for p in quick.problems if "is missing" in p]
+        assert not [p for p in quick.problems if "checksum" in p]

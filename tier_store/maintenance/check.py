@@ -19,6 +19,11 @@ It runs in ordered passes and reports every problem instead of stopping at the f
 3. Files: every committed segment's file exists on its tier, its header names the same
    partition and sequence, and it is long enough for the chunks committed in it.
 4. Checksums (``verify=True``): every committed chunk's bytes match the xxh3 recorded at write.
+
+On a store shared by many hosts, a tier-1 segment whose chunks were uploaded lives in shared
+objects: those are what passes 3 and 4 check (each object exists; each chunk's range matches
+its checksum). The segment's file is a cache on its writer's host: checked when it is this
+host's and still there, never required (eviction removes it), never looked for elsewhere.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..chunk import checksum
 from ..errors import CorruptLog, CorruptSegment
+from ..ids import bundle_text, host_id
 from ..reading import read_range
 
 if TYPE_CHECKING:
@@ -80,10 +86,18 @@ def check_topic(topic: Topic, verify: bool = True,
             report.problems.append(f"partition {p}: chunks end at offset {expect} but the log "
                                    f"says the latest offset is {st.part(p).next_offset}")
     # Third and fourth passes: files and checksums.
+    shared = topic.store.shared
+    here = host_id() if shared is not None else None
     for seg in st.segments.values():
         report.segments += 1
         tier = topic.store.tier(seg.tier)
         path = tier.segment_path(topic.name, seg.partition, seg.seq)
+        rows = st.part(seg.partition).chunks.rows()
+        mine = rows[rows["seq"] == seg.seq]
+        if shared is not None and len(mine) and bool((mine["opos"] >= 0).all()):
+            _check_shared(topic, seg.id, mine, verify, report, progress)
+            if seg.host != here or not tier.local or not _present(tier, path):
+                continue  # another host's cache, or this host's evicted one
         try:
             size = tier.file_size(path)
             hdr = tier.read_header(path)
@@ -103,9 +117,8 @@ def check_topic(topic: Topic, verify: bool = True,
             report.problems.append(f"{path}: {size} bytes, but committed chunks reach "
                                    f"byte {seg.extent}")
             continue
-        rows = st.part(seg.partition).chunks.rows()
-        mine = rows[rows["seq"] == seg.seq]
-        report.chunks += len(mine)
+        if shared is None or not bool((mine["opos"] >= 0).all()):
+            report.chunks += len(mine)  # shared chunks were counted with their objects
         if not verify or not len(mine):
             continue
         for r in mine:
@@ -119,6 +132,48 @@ def check_topic(topic: Topic, verify: bool = True,
             if progress is not None:
                 progress(length)
     return report
+
+
+def _present(tier: Any, path: str) -> bool:
+    try:
+        tier.file_size(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _check_shared(topic: Topic, sid: str, rows: Any, verify: bool, report: CheckReport,
+                  progress: Callable[[int], None] | None) -> None:
+    """Passes 3 and 4 for segment ``sid``'s chunks ``rows`` in shared objects."""
+    shared = topic.store.shared
+    assert shared is not None
+    report.chunks += len(rows)
+    seen: dict[str, bool] = {}
+    for r in rows:
+        url = shared.bundle_url(topic.name, topic.id,
+                                bundle_text(int(r["obj_hi"]), int(r["obj_lo"])))
+        opos, length, base = int(r["opos"]), int(r["length"]), int(r["base"])
+        where = (f"segment {sid}: chunk of offsets [{base}, {base + int(r['records'])}) "
+                 f"in shared object {url} at byte {opos}")
+        if not verify:
+            if url not in seen:
+                seen[url] = shared.tier.fs.exists(url)
+                if not seen[url]:
+                    report.problems.append(f"segment {sid}: shared object {url} is missing")
+            continue
+        try:
+            ok = checksum(read_range(url, opos, length)) == int(r["checksum"])
+        except FileNotFoundError:
+            report.problems.append(f"{where}: the object is missing")
+            continue
+        except (OSError, ValueError) as e:  # a short object: the range is not all there
+            report.problems.append(f"{where}: cannot be read ({e})")
+            continue
+        if not ok:
+            report.problems.append(f"{where} does not match its checksum")
+        report.bytes_verified += length
+        if progress is not None:
+            progress(length)
 
 
 def check_named(store: Store, name: str, verify: bool = True,
