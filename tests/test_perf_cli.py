@@ -105,7 +105,6 @@ def test_a_process_that_fails_fails_the_run_naming_it_and_why(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["produce", "{root}", "p", "--records", "10"], "needs --record-size"),
     (["consume", "{root}", "nope", "--records", "10"],
      "topic 'nope' does not exist: give --record-size to create it and fill it"),
     (["consume", "{root}", "small", "--records", "11"],
@@ -164,3 +163,12 @@ def test_the_bench_writes_its_section_only_where_told(tmp_path):
     text = (tmp_path / "out" / "RESULTS.md").read_text()
     assert "<!-- perf-cli:start -->" in text and "| file | 1 |" in text
     assert "`pafka perf produce`" in text and tracked_state() == before
+
+
+def test_produce_without_a_record_size_is_a_usage_error(root, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["perf", "produce", root, "p", "--records", "10"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage: pafka perf" in err
+    assert err.splitlines()[-1].endswith("produce needs --record-size B (the bytes of each "
+                                         "record's value)")

@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
+    # Flags that need one another: a usage error (exit 2) from the subcommand's parser.
+    check = getattr(args, "check_usage", None)
+    if check is not None and (problem := check(args)):
+        args.parser.error(problem)
     try:
         rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit

@@ -61,7 +61,9 @@ def add_commands(command: Any) -> None:
     c.add_argument("--batch-records", type=whole(1, 10**8), default=10_000, metavar="R",
                    help="records per append or per read (default 10000)")
     c.add_argument("--json", action="store_true", help="print JSON instead of text")
-    c.set_defaults(func=cmd_perf)
+    c.set_defaults(func=cmd_perf, parser=c, check_usage=lambda a: (
+        "produce needs --record-size B (the bytes of each record's value)"
+        if a.mode == "produce" and a.record_size is None else None))
 
 
 # -- the data ----------------------------------------------------------------------------------

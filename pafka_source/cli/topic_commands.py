@@ -201,7 +201,10 @@ def add_commands(command: Any) -> None:
                    help="with --create-store: a store key such as storage.tiers.types=PMEM,HDD "
                         "or log.segment.bytes=64m (conf/pafka.properties lists them)")
     add_json(c)
-    c.set_defaults(func=cmd_create_topic)
+    c.set_defaults(func=cmd_create_topic, parser=c, check_usage=lambda a: (
+        "--store-config applies only with --create-store (the layout of an existing store "
+        "is fixed; see pafka resize and relocate)"
+        if a.store_config and not a.create_store else None))
 
     a = command("add-partitions", "add partitions to a topic (readers find them; existing "
                                   "records stay where they are)")
