@@ -206,16 +206,8 @@ def _lag(topic: Any, group: str) -> int:
 def freshness_violations(topic: Any) -> list[str]:
     """Sealed segments on a slower tier holding offsets above a sealed one on a faster tier
     of the same partition (the order the migration keeps); empty when it holds."""
-    out = []
-    segs = [s for s in topic.segments() if s.sealed]
-    for p in range(topic.partitions):
-        mine = [s for s in segs if s.partition == p]
-        for slow in mine:
-            for fast in mine:
-                if slow.tier > fast.tier and slow.base_offset > fast.base_offset:
-                    out.append(f"partition {p}: {slow.id} on tier {slow.tier} is newer than "
-                               f"{fast.id} on tier {fast.tier}")
-    return out
+    from .tier_figures import order_violations, topic_segments
+    return order_violations(topic_segments(topic))
 
 
 def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: int,

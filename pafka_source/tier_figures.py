@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from migration import MigrationService, store_views
-from tier_store import PafkaError, Store
+from tier_store import PafkaError, Store, Topic
 
-__all__ = ["TierSampler", "freshness", "human_size", "pool_files", "segment_ages",
-           "tier_snapshot", "topic_tier_bytes"]
+__all__ = ["TierSampler", "freshness", "human_size", "order_violations", "pool_files",
+           "segment_ages", "tier_snapshot", "topic_segments", "topic_tier_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,33 @@ def segment_ages(store: Store, now: float | None = None) -> list[dict[str, Any]]
     most its file takes (``file_bytes``), whether it is sealed, and its age in seconds (since
     its newest record was committed)."""
     now = time.time() if now is None else now
+    return [row for name in store.topics() for row in topic_segments(store.topic(name), now)]
+
+
+def topic_segments(topic: Topic, now: float | None = None) -> list[dict[str, Any]]:
+    """One topic's rows of :func:`segment_ages`."""
+    now = time.time() if now is None else now
+    return [{"topic": topic.name, "partition": s.partition, "id": s.id, "tier": s.tier,
+             "base_offset": s.base_offset, "bytes": s.bytes, "file_bytes": s.file_bytes,
+             "sealed": s.sealed, "age_s": max(0.0, now - s.last_timestamp / 1000.0)}
+            for s in topic.segments()]
+
+
+def order_violations(ages: list[dict[str, Any]]) -> list[str]:
+    """Sealed segments (rows of :func:`segment_ages`) on a slower tier holding offsets above
+    a sealed one on a faster tier of the same partition: the order the migration keeps."""
+    by_part: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for a in ages:
+        if a["sealed"]:
+            by_part.setdefault((a["topic"], a["partition"]), []).append(a)
     out = []
-    for name in store.topics():
-        for s in store.topic(name).segments():
-            out.append({"topic": name, "partition": s.partition, "id": s.id, "tier": s.tier,
-                        "base_offset": s.base_offset, "bytes": s.bytes,
-                        "file_bytes": s.file_bytes, "sealed": s.sealed,
-                        "age_s": max(0.0, now - s.last_timestamp / 1000.0)})
+    for (topic, p), segs in sorted(by_part.items()):
+        for fast in segs:
+            newer = [s for s in segs if s["tier"] > fast["tier"]
+                     and s["base_offset"] > fast["base_offset"]]
+            if newer:
+                out.append(f"{topic}/{p}: {newer[0]['id']} on tier {newer[0]['tier']} "
+                           f"is newer than {fast['id']} on tier {fast['tier']}")
     return out
 
 
@@ -93,17 +113,7 @@ def freshness(ages: list[dict[str, Any]], pool_files: Mapping[int, int] | None =
     (``pool_files``: tier -> pool file size) can never go there: it and the older segments
     of its partition are left out of the age order, and listed in ``exempt``."""
     sealed = [a for a in ages if a["sealed"]]
-    violations = []
-    by_part: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for a in sealed:
-        by_part.setdefault((a["topic"], a["partition"]), []).append(a)
-    for (topic, p), segs in sorted(by_part.items()):
-        for fast in segs:
-            newer = [s for s in segs if s["tier"] > fast["tier"]
-                     and s["base_offset"] > fast["base_offset"]]
-            if newer:
-                violations.append(f"{topic}/{p}: {newer[0]['id']} on tier {newer[0]['tier']} "
-                                  f"is newer than {fast['id']} on tier {fast['tier']}")
+    violations = order_violations(sealed)
     partition_order = not violations
     age_order, exempt = True, set()
     tiers = sorted({a["tier"] for a in sealed})

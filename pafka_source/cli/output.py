@@ -69,12 +69,14 @@ def offsets(start: int, end: int) -> str:
     return f"[{start}, {end})"
 
 
-def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    """Aligned columns: numbers right, text left, None as '-'."""
+def table(headers: list[str], rows: list[list[Any]], right: list[bool] | None = None
+          ) -> list[str]:
+    """Aligned columns: numbers right, text left, None as '-'; ``right`` says which columns
+    go right when their cells are already formatted text."""
     cells = [headers] + [["-" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(isinstance(row[i], int | float | type(None)) for row in rows) and
-               bool(rows) for i in range(len(headers))]
+    numeric = right or [all(isinstance(row[i], int | float | type(None)) for row in rows)
+                        and bool(rows) for i in range(len(headers))]
     return ["  ".join(c.rjust(w) if num else c.ljust(w)
                       for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
             for r in cells]

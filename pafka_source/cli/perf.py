@@ -271,15 +271,11 @@ def render_perf(r: dict[str, Any]) -> list[str]:
     rows = [[str(x["process"]), x] for x in r["per_process"]] + [["total", r["total"]]]
     heads = ["PROCESS", "RECORDS", "SECONDS", "RECORDS/S", "MB/S", "P50 MS", "P95 MS",
              "P99 MS", "MAX MS"]
-    cells = [heads] + [[name, f"{x['records']:,}", f"{x['seconds']:.2f}",
-                        f"{x['records_per_s']:,.0f}", f"{x['mb_per_s']:,.1f}",
-                        *(f"{x['latency_ms'][k]:.2f}" for k in ("p50", "p95", "p99", "max"))]
-                       for name, x in rows]
-    widths = [max(len(c[j]) for c in cells) for j in range(len(heads))]
-    lines = [head]
-    for c in cells:
-        lines.append("  ".join(v.ljust(w) if j == 0 else v.rjust(w)
-                               for j, (v, w) in enumerate(zip(c, widths, strict=True))))
+    cells = [[name, f"{x['records']:,}", f"{x['seconds']:.2f}", f"{x['records_per_s']:,.0f}",
+              f"{x['mb_per_s']:,.1f}",
+              *(f"{x['latency_ms'][k]:.2f}" for k in ("p50", "p95", "p99", "max"))]
+             for name, x in rows]
+    lines = [head, *out.table(heads, cells, right=[False] + [True] * (len(heads) - 1))]
     if r["created_topic"]:
         lines.append(f"note: created topic {r['topic']}" +
                      (" and filled it first (not measured)" if r["mode"] == "consume" else ""))

@@ -49,10 +49,6 @@ def file_format(path: str, given: str | None) -> str:
     return fmt
 
 
-def _nested(t: pa.DataType) -> bool:
-    return pa.types.is_nested(t)
-
-
 class _Source:
     """One input file (or stdin) of one format: its batches, as the file holds them."""
 
@@ -120,7 +116,7 @@ class _Source:
         # The topic's types where CSV text converts to them directly; a zoned timestamp is
         # inferred (with or without a zone offset) and cast, nested types cannot be in CSV.
         for f in self.schema:
-            if _nested(f.type):
+            if pa.types.is_nested(f.type):
                 raise InvalidArgument(f"column {f.name!r} of the topic is {type_text(f.type)}, "
                                       f"which CSV cannot hold: produce {self.name} as json, "
                                       "parquet or arrow")

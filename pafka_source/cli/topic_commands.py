@@ -69,10 +69,9 @@ def read_schema_file(path: str) -> pa.Schema:
 
 def create_topic(store: Store, name: str, schema: pa.Schema, partitions: int | None,
                  config: dict[str, str]) -> dict[str, Any]:
-    """Create topic ``name``; what it is now."""
-    conf = check_topic_config(config, unset=False)
+    """Create topic ``name`` (the store checks ``config``); what it is now."""
     try:
-        t = store.create_topic(name, schema, partitions, conf)
+        t = store.create_topic(name, schema, partitions, config)
     except TopicExists as e:
         raise TopicExists(f"{e}: pafka describe shows it, pafka delete-topic deletes it; or "
                           "pick another name") from None
@@ -119,10 +118,7 @@ def topic_config(store: Store, name: str, set_: dict[str, str] | None = None,
 
 def open_for_create(root: str, create_store: bool, store_config: dict[str, str]) -> Store:
     """The store a topic is created in: the existing one, or with ``create_store`` a new one
-    laid out by ``store_config``."""
-    if store_config and not create_store:
-        raise InvalidArgument("--store-config applies only with --create-store (the layout of "
-                              "an existing store is fixed; see pafka resize and relocate)")
+    laid out by ``store_config`` (the parser refuses it without ``create_store``)."""
     if not create_store:
         try:
             return sc.open_store(root)
