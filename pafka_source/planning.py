@@ -25,6 +25,7 @@ from tier_store import (
     InvalidArgument,
     ReadPlan,
     SchemaMismatch,
+    SkipCorrupt,
     Store,
     Topic,
     TopicDeleted,
@@ -32,6 +33,7 @@ from tier_store import (
     execute,
     host_id,
     read_counts,
+    skip_warning,
 )
 
 from .handles import store_to_read
@@ -101,11 +103,14 @@ def read_plan(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify:
     """Execute a plan on an executor, adding metadata columns and casting to ``target``.
 
     Without ``fail_on_data_loss``, offsets deleted since planning are skipped and the read
-    goes on from the earliest offset still present, to the plan's end."""
+    goes on from the earliest offset still present, to the plan's end; and a corrupt chunk
+    is skipped with a warning naming its offsets, as the Kafka source skips what it cannot
+    read."""
     at = plan.start
+    skip = None if fail_on_data_loss else skip_warning("a read (failOnDataLoss=false)")
     while True:
         try:
-            for b, end in _plan_batches(plan, target, include_metadata, verify):
+            for b, end in _plan_batches(plan, target, include_metadata, verify, skip):
                 yield b
                 at = end
             return
@@ -134,10 +139,10 @@ def _resume(plan: ReadPlan, at: int) -> ReadPlan | None:
     return topic.plan_read(plan.partition, start, plan.end)
 
 
-def _plan_batches(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool
-                  ) -> Iterator[tuple[pa.RecordBatch, int]]:
+def _plan_batches(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool,
+                  skip: SkipCorrupt | None) -> Iterator[tuple[pa.RecordBatch, int]]:
     """The plan's batches for Spark, each with the offset after its last row."""
-    for pb in execute(plan, verify):
+    for pb in execute(plan, verify, skip_corrupt=skip):
         b = pb.batch
         if include_metadata:
             n = b.num_rows

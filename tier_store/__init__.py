@@ -42,13 +42,13 @@ from .maintenance.moves import MoveResult, OldCopyInGrace
 from .ownership import Relocation, relocate_tier
 from .ownership.roots import root_location
 from .pins import MAPS
-from .reading import PlannedChunk, ReadPlan, execute, read_counts
+from .reading import PlannedChunk, ReadPlan, SkipCorrupt, execute, read_counts, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .sharing import SharedTier
 from .store import Store
-from .tables import as_table, conform, loose_type
+from .tables import as_table, check_valid, conform, loose_type
 from .tiers import throttle_tier_writes
 from .topic import Topic
 from .topic_config import TOPIC_KEYS as TOPIC_CONFIG_KEYS
@@ -82,6 +82,7 @@ __all__ = [
     "PlannedChunk",
     "PmemUnavailable",
     "ReadPlan",
+    "SkipCorrupt",
     "Relocation",
     "SchemaMismatch",
     "SegmentId",
@@ -100,6 +101,7 @@ __all__ = [
     "TopicNotFound",
     "__version__",
     "as_table",
+    "check_valid",
     "check_topic",
     "check_topic_config",
     "check_topic_name",
@@ -115,6 +117,7 @@ __all__ = [
     "relocate_tier",
     "root_location",
     "seal_idle",
+    "skip_warning",
     "throttle_tier_writes",
     "tier_key",
     "topic_key",

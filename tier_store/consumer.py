@@ -27,11 +27,14 @@ class Consumer:
     With ``group=None`` it reads from ``reset`` (or where :meth:`seek` puts it) and commits
     nothing, as a Kafka consumer without a group id. ``partitions`` limits it to those
     partitions; without it, it reads every partition, including those added later (from
-    their earliest offset). Not thread-safe."""
+    their earliest offset). A chunk that is :class:`CorruptSegment` stops :meth:`poll`
+    unless ``skip_corrupt``: then it is skipped with a warning naming its offsets, and the
+    position moves past it, as a Kafka consumer seeks past a corrupt record. Not
+    thread-safe."""
 
     def __init__(self, store: Store | None, topic: str | Topic, group: str | None,
                  partitions: Iterable[int] | None = None, reset: str = "earliest",
-                 poll_interval: float = 0.2, verify: bool = True):
+                 poll_interval: float = 0.2, verify: bool = True, skip_corrupt: bool = False):
         if isinstance(topic, Topic):
             self.topic = topic
         elif store is None:
@@ -45,6 +48,7 @@ class Consumer:
         assert interval is not None
         self.poll_interval = interval
         self.verify = verify
+        self.skip_corrupt = skip_corrupt
         self._every = partitions is None
         committed = self.committed()
         if isinstance(partitions, str | bytes):
@@ -73,7 +77,8 @@ class Consumer:
             # Without a group, reset="none" still needs a start: the earliest.
             committed = start_offset(self.topic, p,
                                      "earliest" if self.reset == "none" else self.reset)
-        return PartitionCursor(self.topic, p, committed, self.reset, self.verify)
+        return PartitionCursor(self.topic, p, committed, self.reset, self.verify,
+                               self.skip_corrupt)
 
     def assignment(self) -> list[int]:
         """The partitions this consumer reads."""
@@ -119,10 +124,13 @@ class Consumer:
                 for p in range(len(self._cursors), self.topic.partitions):
                     at = committed.get(p, start_offset(self.topic, p, "earliest"))
                     self._cursors[p] = PartitionCursor(self.topic, p, at, self.reset,
-                                                       self.verify)
+                                                       self.verify, self.skip_corrupt)
                     if committed.get(p) == at:
                         self._committed[p] = at
+            before = self.positions()
             out = self._read(max_records)
+            if not out and self.positions() != before:
+                continue  # only corrupt chunks were skipped: what follows them is there now
             left = deadline - time.monotonic()
             if out or left <= 0:
                 return out

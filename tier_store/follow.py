@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import DataLoss, InvalidArgument
-from .reading import execute
+from .reading import execute, skip_warning
 
 if TYPE_CHECKING:
     from .state import PartitionState
@@ -103,12 +103,13 @@ class PartitionCursor:
     Not thread-safe: one reader per cursor."""
 
     def __init__(self, topic: Topic, partition: int, position: int, reset: str = "earliest",
-                 verify: bool = True):
+                 verify: bool = True, skip_corrupt: bool = False):
         self.topic = topic
         self.partition = partition
         self.position = position
         self.reset = check_reset(reset)
         self.verify = verify
+        self.skip_corrupt = skip_corrupt
 
     def __repr__(self) -> str:
         return f"PartitionCursor({self.topic.name!r}, {self.partition}, at {self.position})"
@@ -149,10 +150,18 @@ class PartitionCursor:
         if end <= self.position:
             return
         plan = self.topic.plan_read(self.partition, self.position, end)
+        skip = None
+        if self.skip_corrupt:
+            skip = skip_warning(f"topic {self.topic.name!r} partition {self.partition}: the "
+                                "reader", self._past)
         # closing: a reader stopping early lets go of the plan's mappings at once.
-        with contextlib.closing(execute(plan, self.verify)) as batches:
+        with contextlib.closing(execute(plan, self.verify, skip_corrupt=skip)) as batches:
             for pb in batches:
                 yield FetchedBatch(self.partition, pb.offset, pb.timestamp, pb.batch)
+
+    def _past(self, end: int) -> None:
+        """Go on from ``end``: the offsets before it were skipped as corrupt."""
+        self.position = max(self.position, end)
 
     def _out_of_range(self, part: PartitionState) -> None:
         lost = (f"topic {self.topic.name!r} partition {self.partition}: offsets "
@@ -167,21 +176,24 @@ class PartitionCursor:
 
 
 def follow(topic: Topic, partition: int, start: Any = "earliest", poll_interval: float = 0.2,
-           timeout: float | None = None, reset: str = "earliest", verify: bool = True
-           ) -> Iterator[FetchedBatch]:
+           timeout: float | None = None, reset: str = "earliest", verify: bool = True,
+           skip_corrupt: bool = False) -> Iterator[FetchedBatch]:
     """Yield ``partition``'s records from ``start`` ("earliest", "latest" or an offset) as
     they are committed, as :class:`FetchedBatch` es (batch, first offset, commit time).
     ``Topic.follow`` is this function: ``topic.follow(partition, start, ...)``.
 
     It polls every ``poll_interval`` seconds, and stops after ``timeout`` seconds without
     new records (None: never; 0: once caught up). Records deleted by retention before they
-    were read go as ``reset`` says (see the module's docstring). Arguments are checked on
-    the call, not at the first ``next()``."""
+    were read go as ``reset`` says (see the module's docstring). With ``skip_corrupt``, a
+    corrupt chunk is skipped with a warning naming its offsets, instead of raising
+    :class:`CorruptSegment`. Arguments are checked on the call, not at the first
+    ``next()``."""
     p = topic._check_partition(partition)
     poll = check_seconds("poll_interval", poll_interval, allow_zero=False)
     limit = check_seconds("timeout", timeout, allow_none=True)
     assert poll is not None
-    cursor = PartitionCursor(topic, p, start_offset(topic, p, start), reset, verify)
+    cursor = PartitionCursor(topic, p, start_offset(topic, p, start), reset, verify,
+                             skip_corrupt)
     return _follow(cursor, poll, limit)
 
 

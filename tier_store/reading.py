@@ -11,6 +11,7 @@ planning), it opens the store, plans again once, and goes on; a file still missi
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
 from .ids import host_id
 from .layout import is_url
 from .pins import MAPS, owner_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,24 @@ def read_range(path: str, pos: int, length: int) -> pa.Buffer:
     return MAPS.slice(path, pos, length)
 
 
-def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
-            ) -> Iterator[PlannedBatch]:
+# Told of each chunk a read skips as corrupt: the error, and the offsets [first, end) skipped.
+SkipCorrupt = Callable[[CorruptSegment, int, int], None]
+
+
+def skip_warning(who: str, then: Callable[[int], None] | None = None) -> SkipCorrupt:
+    """A :data:`SkipCorrupt` that logs a warning naming the offsets ``who`` skips (and the
+    error), then calls ``then(end)``: where reading goes on."""
+
+    def skip(error: CorruptSegment, first: int, end: int) -> None:
+        log.warning("%s skips offsets [%d, %d), a corrupt chunk: %s", who, first, end, error)
+        if then is not None:
+            then(end)
+
+    return skip
+
+
+def execute(plan: ReadPlan, verify: bool = True, replan: bool = True,
+            skip_corrupt: SkipCorrupt | None = None) -> Iterator[PlannedBatch]:
     """Yield the plan's records as Arrow batches, zero-copy from memory-mapped chunks.
 
     With ``verify`` (the default) each chunk's checksum is checked before Arrow sees its
@@ -160,8 +179,13 @@ def execute(plan: ReadPlan, verify: bool = True, replan: bool = True
     a file gone, or a chunk whose checksum does not match where the plan put it, makes the
     rest of the plan be planned again from the log, as often as the read has moved on since
     the last time; a file still missing then is :class:`DataLoss`, a chunk still not matching
-    :class:`CorruptSegment`."""
-    yield from _execute(plan, verify, -1 if replan else None)
+    :class:`CorruptSegment`.
+
+    With ``skip_corrupt``, a chunk that is :class:`CorruptSegment` (its checksum, its
+    bytes, its record count) is not an error: ``skip_corrupt(error, first, end)`` is told
+    the offsets skipped, and the read goes on with the next chunk, as a Kafka consumer seeks
+    past a corrupt record. A missing file is still :class:`DataLoss`."""
+    yield from _execute(plan, verify, -1 if replan else None, skip_corrupt)
 
 
 def _read_elsewhere(c: PlannedChunk, verify: bool) -> tuple[pa.Buffer | None, bool]:
@@ -179,8 +203,8 @@ def _read_elsewhere(c: PlannedChunk, verify: bool) -> tuple[pa.Buffer | None, bo
     return None, mismatch
 
 
-def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
-             ) -> Iterator[PlannedBatch]:
+def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
+             skip_corrupt: SkipCorrupt | None) -> Iterator[PlannedBatch]:
     """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
     None when re-planning is off."""
     at_offset = plan.start
@@ -240,22 +264,33 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
                         f"topic {plan.topic!r} partition {plan.partition}: offsets {c.base}.."
                         f"{c.base + c.records - 1} are in {c.path}{shared}, "
                         f"{'each' if shared else 'which is'} missing")
-                raise CorruptSegment(
+                bad = CorruptSegment(
                     f"topic {plan.topic!r} partition {plan.partition}: chunk with offsets "
                     f"[{c.base}, {c.base + c.records}) in {c.path}{shared} does not match its "
                     "checksum")
-            yield from _execute(_replan(plan, start, c), verify, start)
+                if skip_corrupt is None:
+                    raise bad
+                at_offset = _skip(plan, c, bad, skip_corrupt)
+                continue
+            yield from _execute(_replan(plan, start, c), verify, start, skip_corrupt)
             return
 
         def where(c: PlannedChunk = c) -> str:
-            return (f"{plan.topic}/{plan.partition} offsets [{c.base}, {c.base + c.records}) "
-                    f"in {c.path}")
+            return (f"topic {plan.topic!r} partition {plan.partition}: offsets "
+                    f"[{c.base}, {c.base + c.records}) in {c.path}")
 
-        batches = decoder.batches(buf, where)
-        rows = batches[0].num_rows if len(batches) == 1 else sum(b.num_rows for b in batches)
-        if rows != c.records:
-            raise CorruptSegment(f"{where()}: the chunk holds {rows} records, its commit "
-                                 f"recorded {c.records}")
+        try:
+            batches = decoder.batches(buf, where)
+            rows = batches[0].num_rows if len(batches) == 1 else \
+                sum(b.num_rows for b in batches)
+            if rows != c.records:
+                raise CorruptSegment(f"{where()}: the chunk holds {rows} records, its commit "
+                                     f"recorded {c.records}")
+        except CorruptSegment as e:
+            if skip_corrupt is None:
+                raise
+            at_offset = _skip(plan, c, e, skip_corrupt)
+            continue
         row = c.base
         for batch in batches:
             b0, b1 = row, row + batch.num_rows
@@ -265,3 +300,11 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None
                 out = batch if (lo, hi) == (b0, b1) else batch.slice(lo - b0, hi - lo)
                 yield PlannedBatch(out, lo, c.timestamp)
                 at_offset = hi
+
+
+def _skip(plan: ReadPlan, c: PlannedChunk, error: CorruptSegment, tell: SkipCorrupt) -> int:
+    """Skip chunk ``c`` of ``plan`` as corrupt: tell which of the plan's offsets are skipped,
+    and return the offset reading goes on from."""
+    first, end = max(plan.start, c.base), min(plan.end, c.base + c.records)
+    tell(error, first, end)
+    return end

@@ -1,8 +1,9 @@
-"""Arrow tables going into a topic: accepted shapes, conformed to the topic's schema, and
-the event-time range of a chunk."""
+"""Arrow tables going into a topic: accepted shapes, validated, conformed to the topic's
+schema, and the event-time range of a chunk."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,11 +23,56 @@ def as_table(data: Any) -> pa.Table:
         return pa.Table.from_batches([data])
     if isinstance(data, list | tuple) and data and all(isinstance(b, pa.RecordBatch)
                                                         for b in data):
-        return pa.Table.from_batches(list(data))
+        try:
+            return pa.Table.from_batches(list(data))
+        except pa.ArrowInvalid as e:
+            raise InvalidArgument("the record batches of one write must share one schema: "
+                                  f"{_first_line(e)}") from None
     raise InvalidArgument(
         f"expected a pyarrow RecordBatch, Table or list of RecordBatches, got "
         f"{type(data).__name__}"
     )
+
+
+# Where Arrow's validation says the fault is: an offset's slot, a value's index or position.
+_AT = re.compile(r"\b(slot|string index|index|position) (\d+)")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def check_valid(table: pa.Table, what: str, first_row: int = 0,
+                outcome: str = "; nothing was stored") -> None:
+    """Refuse ``table`` unless it passes Arrow's full validation: every column's lengths and
+    buffers, offsets in order and inside their data, UTF-8 strings, dictionary indices in
+    range, nested children. ``what`` names the data in the error (``data written to topic
+    'x'``, a file). A checksum proves bytes are what was written, not that what was written
+    is valid: this check is what keeps a malformed batch from every reader.
+
+    :class:`InvalidArgument` names the column and, where Arrow says it, the row (counted
+    from ``first_row``), and ends with ``outcome``."""
+    try:
+        table.validate()  # structure first: lengths and buffer sizes, O(columns)
+    except pa.ArrowException as e:
+        raise InvalidArgument(f"{what} is not valid Arrow data ({_first_line(e)}){outcome}"
+                              ) from None
+    for field, column in zip(table.schema, table.columns, strict=True):
+        row = first_row
+        for piece in column.chunks:
+            try:
+                piece.validate(full=True)
+            except pa.ArrowException as e:
+                why = _first_line(e).replace("Invalid: ", "")
+                m = _AT.search(why)
+                at = ""
+                if m is not None:
+                    # Slot s of an offsets buffer ends row s - 1.
+                    n = int(m.group(2)) - (1 if m.group(1) == "slot" else 0)
+                    at = f", row {row + max(n, 0)}"
+                raise InvalidArgument(f"{what}: column {field.name!r}{at} is not valid Arrow "
+                                      f"data ({why}){outcome}") from None
+            row += len(piece)
 
 
 def loose_type(t: pa.DataType) -> pa.DataType:
@@ -131,4 +177,5 @@ def split_chunks(table: pa.Table, compression: str, limit: int) -> Iterator[Enco
     yield from split_chunks(table.slice(half), compression, limit)
 
 
-__all__ = ["as_table", "conform", "loose_type", "route", "split_chunks", "time_range"]
+__all__ = ["as_table", "check_valid", "conform", "loose_type", "route", "split_chunks",
+           "time_range"]

@@ -36,11 +36,11 @@ from .follow import follow
 from .layout import fsync_dir
 from .maintenance import retention
 from .partition import PartitionLog
-from .reading import ReadPlan, execute
+from .reading import ReadPlan, execute, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
-from .tables import as_table, conform, loose_type, route, split_chunks, time_range
+from .tables import as_table, check_valid, conform, loose_type, route, split_chunks, time_range
 from .topic_config import set_config
 from .topic_log import TopicLog, now_ms
 
@@ -161,7 +161,10 @@ class Topic(positions.GroupPositions):
         With ``durable=False`` the chunks are written but not yet flushed: a writer of many
         chunks calls :meth:`sync` once, after the last, and only then hands the references
         to the committer (one flush per segment instead of one per chunk)."""
-        table = conform(as_table(data), self.schema, self.name)
+        table = as_table(data)
+        # Before anything reads the values: a cast or a take of malformed buffers may crash.
+        check_valid(table, f"data written to topic {self.name!r}")
+        table = conform(table, self.schema, self.name)
         if table.num_rows == 0:
             return []
         if partition is not None and key is not None:
@@ -286,15 +289,17 @@ class Topic(positions.GroupPositions):
         return retention.apply_retention(self, now_ms)
 
     # -- reading ------------------------------------------------------------------------------
-    def read(self, partition: int, start: int, end: int | None = None, verify: bool = True
-             ) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: int, start: int, end: int | None = None, verify: bool = True,
+             skip_corrupt: bool = False) -> Iterator[pa.RecordBatch]:
         """Yield the records ``[start, end)`` of ``partition`` as Arrow record batches,
         zero-copy from memory-mapped chunks. ``end=None`` reads to the latest offset; past
         the latest there is nothing. Below the earliest retained offset: :class:`DataLoss`.
-        Each chunk's checksum is checked before its bytes are decoded
-        (:class:`CorruptSegment`); ``verify=False`` trusts the bytes, and a damaged chunk may
-        then give wrong rows or crash the process."""
-        for pb in execute(self.plan_read(partition, start, end), verify):
+        Each chunk's checksum is checked and its batches validated before they are handed
+        out (:class:`CorruptSegment`); ``verify=False`` trusts the bytes, and a damaged chunk
+        may then give wrong rows or crash the process. With ``skip_corrupt``, a corrupt
+        chunk is skipped with a warning naming its offsets instead."""
+        skip = skip_warning("read") if skip_corrupt else None
+        for pb in execute(self.plan_read(partition, start, end), verify, skip_corrupt=skip):
             yield pb.batch
 
     follow = follow  # yields a partition's records as they are committed: tier_store.follow

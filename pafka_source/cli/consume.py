@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tier_store import Consumer, FetchedBatch, InvalidArgument, Store
+from tier_store import Consumer, CorruptSegment, FetchedBatch, InvalidArgument, Store
 
 from . import output as out
 from .args import add_root, epoch_ms, offset_or_word, whole
@@ -62,6 +62,9 @@ def add_commands(command: Any) -> None:
                        help="consumer group: start from its committed offsets (earliest where "
                             "it has none) and commit what is printed; not with --offset or "
                             "--from-time (pafka groups --reset-to moves a group)")
+    c.add_argument("--skip-corrupt", action="store_true",
+                   help="go past a chunk that fails its checksum or validation, with a warning "
+                        "naming the offsets skipped (default: stop with an error)")
     c.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="table: aligned columns, long cells cut (default); json: one object "
                         "per line; csv: a header, then a line per record")
@@ -73,11 +76,12 @@ def add_commands(command: Any) -> None:
 # -- the data ----------------------------------------------------------------------------------
 def consume(store: Store, topic: str, partitions: list[int] | None = None,
             offset: str | int | None = None, from_time: int | None = None,
-            max_records: int | None = None, follow: bool = False, group: str | None = None
-            ) -> Iterator[FetchedBatch]:
+            max_records: int | None = None, follow: bool = False, group: str | None = None,
+            skip_corrupt: bool = False) -> Iterator[FetchedBatch]:
     """Yield the records of ``topic`` as the command prints them. Without ``follow`` it stops
     once it has caught up with the latest offsets. With ``group``, each batch is committed
-    when the caller asks for the next one (so what was printed, and only that)."""
+    when the caller asks for the next one (so what was printed, and only that). A corrupt
+    chunk is an error naming it, or with ``skip_corrupt`` skipped with a warning."""
     if group is not None and (offset is not None or from_time is not None):
         raise InvalidArgument("--group starts from the group's committed offsets: give "
                               "--offset or --from-time without --group (pafka groups "
@@ -91,7 +95,7 @@ def consume(store: Store, topic: str, partitions: list[int] | None = None,
             if not 0 <= p < t.partitions:
                 raise InvalidArgument(f"--partition {p}: topic {topic!r} has partitions "
                                       f"0..{t.partitions - 1}")
-    consumer = Consumer(None, t, group, partitions or None)
+    consumer = Consumer(None, t, group, partitions or None, skip_corrupt=skip_corrupt)
     for p in consumer.assignment():
         if from_time is not None:
             consumer.seek(p, t.offset_for_time(p, from_time))
@@ -102,8 +106,11 @@ def consume(store: Store, topic: str, partitions: list[int] | None = None,
                 raise InvalidArgument(f"--offset {offset}: {e}") from None
     left = max_records
     while left is None or left > 0:
-        batches = consumer.poll(timeout=1.0 if follow else 0.0,
-                                max_records=min(left or POLL_RECORDS, POLL_RECORDS))
+        try:
+            batches = consumer.poll(timeout=1.0 if follow else 0.0,
+                                    max_records=min(left or POLL_RECORDS, POLL_RECORDS))
+        except CorruptSegment as e:
+            raise CorruptSegment(f"{e}; --skip-corrupt goes past it") from None
         if not batches and not follow:
             return
         for fb in batches:
@@ -201,7 +208,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     """Print the records; a summary line on stderr at the end (also after Ctrl-C)."""
     store = open_store(args.root)
     records = consume(store, args.topic, args.partition, args.offset, args.from_time,
-                      args.max, args.follow, args.group)
+                      args.max, args.follow, args.group, args.skip_corrupt)
     printer = Printer(args.format, store.topic(args.topic).schema)
     count = 0
     try:

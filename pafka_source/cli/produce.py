@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from tier_store import InvalidArgument, SchemaMismatch, Store, Topic
+from tier_store import InvalidArgument, SchemaMismatch, Store, Topic, check_valid
 
 from ..schema_text import type_text
 
@@ -63,9 +63,14 @@ class _Source:
         return pa.input_stream(self.path, compression="detect")
 
     def batches(self) -> Iterator[pa.RecordBatch]:
+        """The file's batches, each validated before anything reads its values."""
+        row = 1  # a file's records counted from 1, as the CSV errors count them
         try:
-            yield from getattr(self, "_" + self.fmt)()
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            for b in getattr(self, "_" + self.fmt)():
+                check_valid(pa.Table.from_batches([b]), self.name, first_row=row, outcome="")
+                row += b.num_rows
+                yield b
+        except (pa.ArrowException, OSError) as e:  # an IPC message unlike its body: OSError
             raise InvalidArgument(f"{self.name}: cannot read it as {self.fmt}: "
                                   f"{self._column_names(str(e))}") from None
 
