@@ -410,3 +410,41 @@ def test_unset_drops_a_key_an_older_version_let_a_topic_set(root, capsys):
     rc, out, err = run(capsys, "config", root, "t", "--unset", "num.partitions")
     assert rc == 0 and "num.partitions 3 -> (the store value)" in out, err
     assert Store.open(root, create=False).topic("t").config == {}
+
+
+def _floats_topic(root) -> None:
+    Store.open(root, create=False).create_topic(
+        "f", pa.schema([("id", pa.int64()), ("x", pa.float64()), ("s", pa.string())]), 1)
+
+
+def _floats(root) -> list[tuple]:
+    rows = [r for b in Store.open(root, create=False).topic("f").read(0, 0)
+            for r in b.to_pylist()]
+    return [(r["id"], r["x"], r["s"]) for r in rows]
+
+
+def test_produce_csv_keeps_nan_as_nan_and_only_an_empty_cell_is_null(root, tmp_path, capsys):
+    import math
+    _floats_topic(root)
+    (tmp_path / "n.csv").write_text("id,x,s\n1,nan,a\n2,NaN,NULL\n3,-nan,\n4,,nan\n5,inf,NA\n")
+    as_json(capsys, "produce", root, "f", "--from", tmp_path / "n.csv")
+    got = _floats(root)
+    assert [i for i, x, _ in got if x is not None and math.isnan(x)] == [1, 2, 3]
+    assert [(i, x) for i, x, _ in got if x is None or not math.isnan(x)] == \
+        [(4, None), (5, math.inf)]
+    assert [s for *_, s in got] == ["a", "NULL", "", "nan", "NA"]  # text stays text
+
+
+def test_produce_null_values_lists_the_cells_that_are_null(root, tmp_path, capsys):
+    _floats_topic(root)
+    (tmp_path / "n.csv").write_text("id,x,s\n1,NULL,a\n2,1.5,NULL\n3,NA,NA\n")
+    as_json(capsys, "produce", root, "f", "--from", tmp_path / "n.csv",
+            "--null-values", "NULL", "--null-values", "NA")
+    assert _floats(root) == [(1, None, "a"), (2, 1.5, None), (3, None, None)]
+    one_line_error(capsys, ["produce", root, "f", "--from", tmp_path / "n.csv"],
+                   "column 'x'", "'NULL'")  # by default NULL is no number
+    (tmp_path / "d.parquet").write_bytes(b"")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["produce", str(root), "f", "--from", str(tmp_path / "d.parquet"),
+                  "--null-values", "NULL"])
+    assert e.value.code == 2

@@ -1,9 +1,13 @@
 """``pafka produce``: records from a Parquet, CSV, JSON-lines or Arrow IPC file into a topic.
 
-The file is read in batches, never whole; each batch is checked against the topic's schema
-(a missing, extra or unconvertible column is one error naming the column, the file and both
-types), cast to it, and appended (durable and visible) before the next batch is read. A
-failure part way says how many records went in before it.
+The file is read in batches, never whole; each batch is validated as Arrow data (an Arrow
+file from elsewhere may hold offsets out of bounds or strings that are not UTF-8), checked
+against the topic's schema (a missing, extra or unconvertible column is one error naming the
+column, the file and both types), cast to it, and appended (durable and visible) before the
+next batch is read. A failure part way says how many records went in before it.
+
+In CSV only an empty cell is null (and in a string column, none): ``nan``, ``NaN`` and
+``-nan`` in a float column are NaN, ``NULL`` is text. ``null_values`` replaces that list.
 """
 
 from __future__ import annotations
@@ -52,8 +56,10 @@ def file_format(path: str, given: str | None) -> str:
 class _Source:
     """One input file (or stdin) of one format: its batches, as the file holds them."""
 
-    def __init__(self, path: str, fmt: str, schema: pa.Schema, batch_records: int):
+    def __init__(self, path: str, fmt: str, schema: pa.Schema, batch_records: int,
+                 null_values: list[str] | None = None):
         self.path, self.fmt, self.schema, self.batch_records = path, fmt, schema, batch_records
+        self.null_values = null_values
         self.name = "stdin" if path == "-" else path
         self.total: int | None = None  # records, when the file says
 
@@ -128,10 +134,16 @@ class _Source:
         types = {f.name: f.type for f in self.schema
                  if not (pa.types.is_timestamp(f.type) and f.type.tz)}
         delimiter = "\t" if self.path.lower().endswith(".tsv") else ","
+        # Arrow's default null list holds nan, NaN and -nan: NaN in a float column would be
+        # stored as null. Only an empty cell is null, unless the user lists other values.
+        given = self.null_values is not None
+        convert = pcsv.ConvertOptions(column_types=types,
+                                      null_values=self.null_values if given else [""],
+                                      strings_can_be_null=given)
         reader = pcsv.open_csv(self._stream(),
                                read_options=pcsv.ReadOptions(block_size=4 << 20),
                                parse_options=pcsv.ParseOptions(delimiter=delimiter),
-                               convert_options=pcsv.ConvertOptions(column_types=types))
+                               convert_options=convert)
         yield from reader
 
     def _json(self) -> Iterator[pa.RecordBatch]:
@@ -195,10 +207,12 @@ def _rebatched(batches: Iterator[pa.RecordBatch], n: int) -> Iterator[pa.Table]:
 def produce(store: Store, topic: str, path: str, fmt: str | None = None,
             key: str | None = None, partition: int | None = None,
             batch_records: int = 65536,
-            progress: Callable[[int, int | None], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[int, int | None], None] | None = None,
+            null_values: list[str] | None = None) -> dict[str, Any]:
     """Append the records of file ``path`` (``-``: stdin) to ``topic`` in batches of
-    ``batch_records``; ``progress(records, total)`` after each. The summary: records,
-    bytes, records per partition, seconds."""
+    ``batch_records``; ``progress(records, total)`` after each. ``null_values``: the CSV
+    cells that are null (default: only an empty one). The summary: records, bytes, records
+    per partition, seconds."""
     t: Topic = store.topic(topic)
     if key is not None and key not in t.schema.names:
         raise InvalidArgument(f"--key {key}: not a column of topic {topic!r} (columns: "
@@ -208,7 +222,9 @@ def produce(store: Store, topic: str, path: str, fmt: str | None = None,
         raise FileNotFoundError(2, "No such file or directory", path)
     if path != "-" and os.path.isdir(path):
         raise IsADirectoryError(21, "Is a directory: give a file", path)
-    src = _Source(path, fmt, t.schema, batch_records)
+    if null_values is not None and fmt != "csv":
+        raise InvalidArgument(f"null_values applies only to CSV input, not {fmt}")
+    src = _Source(path, fmt, t.schema, batch_records, null_values)
     records, size, by_partition = 0, 0, dict.fromkeys(range(t.partitions), 0)
     started = time.perf_counter()
     try:

@@ -33,7 +33,7 @@ from ..schema_text import ALLOWED_TYPES, parse_schema, schema_text
 from . import output as out
 from . import store_commands as sc
 from .args import add_json, add_root, add_topic, whole
-from .produce import FORMATS, produce
+from .produce import FORMATS, file_format, produce
 
 CONFIG_HELP = ("a topic-level key: " + ", ".join(TOPIC_CONFIG_KEYS) +
                " (Kafka's retention.ms, retention.bytes, segment.ms also work)")
@@ -168,9 +168,26 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 bar.total = total
             bar.update(records - bar.n)
         summary = produce(store, args.topic, args.source, args.format, args.key,
-                          args.partition, args.batch_records, progress)
+                          args.partition, args.batch_records, progress,
+                          null_values=_null_values(args.null_values))
     out.emit(summary, args.json, out.render_produced)
     return 0
+
+
+def file_format_or_none(args: argparse.Namespace) -> str | None:
+    """The input's format as ``--format`` or its suffix says; None when neither does (the
+    command itself then says what to give)."""
+    try:
+        return file_format(args.source, args.format)
+    except InvalidArgument:
+        return None
+
+
+def _null_values(given: list[str] | None) -> list[str] | None:
+    """``--null-values`` as a list: each flag a comma list, so ``--null-values NULL,NA``."""
+    if given is None:
+        return None
+    return [v for g in given for v in g.split(",")]
 
 
 # -- parsers ----------------------------------------------------------------------------------
@@ -240,5 +257,11 @@ def add_commands(command: Any) -> None:
                     help="write every record to partition P")
     p.add_argument("--batch-records", type=whole(1), default=65536, metavar="N",
                    help="records read and appended at a time (default 65536)")
+    p.add_argument("--null-values", action="append", metavar="V,...",
+                   help="CSV: cells that are null (comma list; repeatable). Default: only an "
+                        "empty cell, and in a string column none (nan is NaN, NULL is text)")
     add_json(p)
-    p.set_defaults(func=cmd_produce)
+    p.set_defaults(func=cmd_produce, parser=p, check_usage=lambda a: (
+        "--null-values applies only to CSV input"
+        if a.null_values is not None and file_format_or_none(a) not in (None, "csv")
+        else None))
