@@ -195,14 +195,25 @@ class Planning:
         """The topics read, refreshed; a pattern is re-evaluated (new topics join). A topic
         deleted since is looked up again: a topic created again under its name is a new
         incarnation (another :attr:`Topic.id`); a named one that is gone fails naming it."""
+        gone = []
         for name, t in list(self._topics.items()):
             try:
                 t.refresh()
             except TopicDeleted:
                 del self._topics[name]
+                gone.append(name)
         if not self._topics or self.opts.pattern is not None or \
                 len(self._topics) < len(self.opts.topics or ()):
-            found = resolve_topics(self.store, self.opts)
+            try:
+                found = resolve_topics(self.store, self.opts)
+            except TopicNotFound as e:
+                if gone and not isinstance(e, TopicDeleted):
+                    raise TopicDeleted(
+                        f"topic {gone[0]!r} was deleted while this query read it, and no "
+                        f"topic of that name is in {self.opts.root} now: the query cannot go "
+                        "on (a topic created under the name again is read from its earliest "
+                        "offset with failOnDataLoss=false)") from None
+                raise
             for t in found:
                 if t.name not in self._topics and self._topics:
                     check_same_schema([next(iter(self._topics.values())), t])

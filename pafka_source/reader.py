@@ -5,10 +5,12 @@ Planning (:mod:`.planning`) runs on the driver; offsets are Kafka's (:mod:`.offs
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import time
-from collections.abc import Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar, cast
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -34,6 +36,7 @@ from .planning import PafkaPartition, Planning
 from .progress import LAG_KEY, lag_report
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PafkaBatchReader(Planning, DataSourceReader):
@@ -94,6 +97,24 @@ class PafkaBatchReader(Planning, DataSourceReader):
                                           f"starting offset {s}")
 
 
+def _one_line(method: F) -> F:
+    """A driver-side method of the stream reader whose store errors fail the query in one
+    line: PySpark's streaming runner prints a Python traceback with the error unless
+    ``SPARK_HIDE_TRACEBACK`` is set when it formats it, and an error of the store names
+    what is wrong already. The runner process serves this reader alone; other errors keep
+    their traceback."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except PafkaError:
+            os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+            raise
+
+    return cast(F, run)
+
+
 class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("pafka")``: Kafka's offsets, read limits and AvailableNow."""
 
@@ -111,6 +132,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
         self._last_batch_ms = time.time() * 1000
         self._planned: tuple[Offsets, Offsets] | None = None  # the last batch's range
 
+    @_one_line
     def initialOffset(self) -> Offsets:
         start = self.starting_offsets("latest")
         return with_ids(
@@ -149,6 +171,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
                 out[name][p] = s
         return out
 
+    @_one_line
     def getDefaultReadLimit(self) -> ReadLimit:
         o = self.opts
         if o.max_records is not None:
@@ -159,6 +182,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
             return ReadMinRows(o.min_records)
         return ReadAllAvailable()
 
+    @_one_line
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
 
@@ -166,6 +190,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
         return {name: {str(p): off for p, off in t.latest_offsets().items()}
                 for name, t in self.topics().items()}
 
+    @_one_line
     def reportLatestOffset(self) -> Offsets:
         # Only this reaches a query's progress (as latestOffset): the lag rides along in it.
         topics = self.topics()
@@ -177,6 +202,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
                 log.debug("lag not reported: %s", e)
         return out
 
+    @_one_line
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         topics = self.topics()  # refreshed once: reads only the new commit-log entries
         start, ids = split_ids(start)
@@ -252,6 +278,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
                 left -= 1
         return {n: {p: begin[n][p] + shares[(n, p)] for p in latest[n]} for n in latest}
 
+    @_one_line
     def partitions(self, start: Offsets, end: Offsets) -> list[PafkaPartition]:
         start, start_ids = split_ids(start)
         end, ids = split_ids(end)
@@ -266,6 +293,7 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
                 start.pop(name, None)
         return self.plan(start, end)
 
+    @_one_line
     def commit(self, end: Offsets) -> None:
         if self.opts.consumer_group is None:
             return
@@ -292,6 +320,7 @@ class FailedStreamReader(PafkaStreamReader):
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @_one_line
     def _fail(self) -> NoReturn:
         raise self.error
 

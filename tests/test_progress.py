@@ -133,8 +133,8 @@ def _failure(spark, root, ckpt):
     return str(failed.value).splitlines()
 
 
-def test_a_pafka_error_in_a_streaming_query_is_one_line_when_tracebacks_are_hidden(spark,
-                                                                                   tmp_path):
+def test_a_pafka_error_in_a_streaming_query_is_one_line_whether_tracebacks_are_hidden_or_not(
+        spark, tmp_path):
     fill_keyed(tmp_path, "src", 2000, partitions=2)
     _read(spark, tmp_path, tmp_path / "ck", "before_delete")
     Store.open(tmp_path).delete_topic("src")
@@ -148,13 +148,34 @@ def test_a_pafka_error_in_a_streaming_query_is_one_line_when_tracebacks_are_hidd
         short = _failure(spark, tmp_path, tmp_path / "ck")
     finally:
         spark.conf.set(HIDE, shown)
-    # Spark's own part, from "=== Streaming Query ===" on, is the same either way.
-    python = {n: lines[:lines.index("=== Streaming Query ===")]
-              for n, lines in (("full", full), ("short", short))}
-    assert any("Traceback (most recent call last)" in line for line in python["full"])
-    assert len(python["full"]) >= 6 and any(line.startswith(error) for line in python["full"])
-    # Hidden: the source's part is the one line Spark prefixes, naming the error and topic.
-    assert not any("Traceback" in line or "File " in line for line in short)
-    assert python["short"][0].endswith("perform latestOffset: " + error[:20]) or \
-        error in python["short"][0]
-    assert len(python["short"]) <= 2 and len(short) < len(full)
+    # Spark's own part, from "=== Streaming Query ===" on, follows; the source's part is the
+    # one line Spark prefixes, naming the error and the topic, with no Python traceback.
+    for lines in (full, short):
+        python = lines[:lines.index("=== Streaming Query ===")]
+        assert not any("Traceback" in line or "File " in line for line in python), python
+        assert python[0].endswith("perform latestOffset: " + error[:20]) or error in python[0]
+        assert len(python) <= 2
+
+
+def test_a_running_query_whose_topic_is_deleted_stops_in_one_line_naming_it(spark, tmp_path):
+    from pyspark.errors import StreamingQueryException
+    fill_keyed(tmp_path, "src", 2000, partitions=2)
+    shown = spark.conf.get(HIDE)
+    spark.conf.set(HIDE, "false")  # Spark's default: tracebacks shown
+    try:
+        q = (spark.readStream.format("pafka").option("topic", "src").load(str(tmp_path))
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="200 milliseconds").start())
+        _wait_for(lambda: q.lastProgress is not None and q.lastProgress["numInputRows"] > 0)
+        Store.open(tmp_path).delete_topic("src")
+        with pytest.raises(StreamingQueryException) as failed:
+            q.awaitTermination(120)
+    finally:
+        spark.conf.set(HIDE, shown)
+        if q.isActive:
+            q.stop()
+    lines = str(failed.value).splitlines()
+    python = lines[:lines.index("=== Streaming Query ===")]
+    assert not any("Traceback" in line or "File " in line for line in python), python
+    assert len(python) <= 2, python
+    assert "TopicDeleted: topic 'src' was deleted while this query read it" in python[0]
