@@ -48,9 +48,10 @@ import contextlib
 import fcntl
 import os
 import re
+import stat
 from collections.abc import Iterator
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, PafkaError
 from .ids import SegmentId
 
 STORE_FILE = "_store.json"
@@ -273,6 +274,62 @@ def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
     os.replace(write_temp(d, data, durable), path)
     if durable:
         fsync_dir(d)
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for messages: "a directory", "a FIFO", ..."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "a regular file" if stat.S_ISREG(mode) else f"a file of type {stat.S_IFMT(mode):o}"
+
+
+def open_regular(path: str, error: type[PafkaError], what: str = "",
+                 follow: bool = True) -> int:
+    """Open ``path`` read-only, as ``os.open`` would, if it is a regular file; return the
+    descriptor (the caller closes it). Anything else (a directory, a FIFO, a device, a
+    socket) is ``error`` naming ``what``, ``path`` and what it is, raised without reading
+    it: a FIFO's read would wait for a writer forever, a device's may never end.
+    ``follow=False`` opens with ``O_NOFOLLOW``: a symbolic link is OSError ELOOP, as from
+    ``os.open``. A missing file is FileNotFoundError."""
+    st = os.stat(path, follow_symlinks=follow)
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        raise _not_regular(error, what, path, st.st_mode)
+    # O_NONBLOCK: what the name leads to may have changed since the stat, and the open of a
+    # FIFO must not wait for a writer; it changes nothing for a regular file.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(error, what, path, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str, error: type[PafkaError], what: str = "",
+                 follow: bool = True) -> bytes | None:
+    """The whole content of the regular file ``path``; None if it is missing. Anything but a
+    regular file is ``error`` (see :func:`open_regular`)."""
+    try:
+        fd = open_regular(path, error, what, follow)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _not_regular(error: type[PafkaError], what: str, path: str, mode: int) -> PafkaError:
+    return error(f"{what + ' ' if what else ''}{path} is {file_kind(mode)}, not a regular "
+                 "file: the store reads only regular files there; move it away (and put the "
+                 "store's file back, if there is a copy)")
 
 
 def fsync_file(path: str) -> None:

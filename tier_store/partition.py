@@ -44,11 +44,12 @@ from typing import TYPE_CHECKING, Any
 
 from .chunk import EncodedChunk
 from .crash import crash_point
-from .errors import CorruptSegment, StoreFull
+from .errors import CorruptSegment, CorruptState, StoreFull
 from .flusher import Flusher
 from .layout import (
     fsync_dir,
     fsync_file,
+    open_regular,
     parse_segment_id,
     segment_id,
     write_atomic,
@@ -346,9 +347,13 @@ class PartitionLog:
 
 def read_pointer(path: str, topic: str, number: int) -> tuple[int, int] | None:
     """(sequence, tier) named by partition ``number``'s pointer file ``path``; None if there
-    is none, or it cannot be trusted (logged: the next append starts a new segment)."""
+    is none, or it cannot be trusted (logged: the next append starts a new segment).
+    :class:`CorruptState` naming it if it is not a file (a directory, a FIFO, a device)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # A directory there would stop the next roll (its rename), a FIFO's read would
+        # never end: CorruptState naming it, not "no pointer".
+        fd = open_regular(path, CorruptState,
+                          f"topic {topic!r} partition {number}: active pointer", follow=False)
     except FileNotFoundError:
         return None
     except OSError as e:

@@ -19,7 +19,6 @@ import errno
 import fcntl
 import mmap
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .errors import CorruptSegment, PafkaError
-from .layout import SEGMENT_SUFFIX
+from .layout import SEGMENT_SUFFIX, open_regular
 from .segment import HEADER_FIELDS, SegmentHeader
 
 PIN_IDLE_S = 5.0
@@ -187,13 +186,16 @@ def owner_of(path: str) -> tuple[str, str] | None:
 def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
     """Map ``path`` read-only with a reader pin on it: (buffer, st_dev, st_ino).
 
-    The file is opened without following a symlink; the pin (a shared ``flock``) is taken,
-    then the path is checked to still name the file opened — a file released to a pool
-    meanwhile (under an exclusive lock) is FileNotFoundError, as a moved segment's is — and
-    a segment file's header must name the partition and sequence its path does, so a reused
-    file is never read as the old segment (:class:`CorruptSegment` otherwise)."""
+    The file is opened without following a symlink, and only if it is a regular file (a
+    directory, a FIFO or a device is :class:`CorruptSegment` naming it); the pin (a shared
+    ``flock``) is taken, then the path is checked to still name the file opened — a file
+    released to a pool meanwhile (under an exclusive lock) is FileNotFoundError, as a moved
+    segment's is — and a segment file's header must name the partition and sequence its
+    path does, so a reused file is never read as the old segment (:class:`CorruptSegment`
+    otherwise)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # Never opened unless a regular file: a FIFO's open would wait for a writer.
+        fd = open_regular(path, CorruptSegment, "segment file", follow=False)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise CorruptSegment(f"{path} is a symbolic link: segment files are never read "
@@ -220,8 +222,6 @@ def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             raise FileNotFoundError(errno.ENOENT, "segment file was released while opened",
                                     path)
-        if not stat.S_ISREG(held.st_mode):
-            raise CorruptSegment(f"{path} is not a regular file")
         if held.st_size == 0:
             os.close(fd)
             return pa.py_buffer(b""), held.st_dev, held.st_ino

@@ -26,10 +26,12 @@ buffers inside them are aligned too.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
 from .errors import CorruptSegment
+from .layout import open_regular
 
 MAGIC = b"PAFKASEG"
 VERSION = 1
@@ -63,12 +65,14 @@ class SegmentHeader:
 
     @classmethod
     def read(cls, path: str) -> SegmentHeader | None:
-        """The header of the segment file at ``path``; None if the file is gone."""
+        """The header of the segment file at ``path``; None if the file is gone,
+        :class:`CorruptSegment` naming it if it is not a regular file."""
         try:
-            with open(path, "rb") as f:
-                return cls.unpack(f.read(HEADER_SIZE), path)
+            fd = open_regular(path, CorruptSegment, "segment file")
         except FileNotFoundError:
             return None
+        with os.fdopen(fd, "rb") as f:
+            return cls.unpack(f.read(HEADER_SIZE), path)
 
     @classmethod
     def unpack(cls, data: bytes | memoryview, path: str, strict: bool = True) -> SegmentHeader:

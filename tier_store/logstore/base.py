@@ -26,7 +26,10 @@ Errors, for every method:
   spent, naming the bucket and key). After a failed write the outcome is unknown unless the
   method says otherwise: read to find out.
 * Bytes are returned as stored; deciding that they are malformed
-  (:class:`~tier_store.errors.CorruptLog`) is the caller's job.
+  (:class:`~tier_store.errors.CorruptLog`) is the caller's job. But an entry, checkpoint or
+  hint that is not a regular file (a directory, a FIFO, a device in its place: a POSIX
+  store) is :class:`~tier_store.errors.CorruptLog` naming it, raised by the read without
+  reading it: it is damage, never "not found", and a FIFO's read would never end.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ same write succeeds once space returns.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Iterable
@@ -26,7 +27,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from ..crash import crash_point
-from ..errors import StoreFull, TopicDeleted
+from ..errors import CorruptLog, StoreFull, TopicDeleted
 from ..layout import (
     CHECKPOINT_LOCK,
     CHECKPOINT_SUFFIX,
@@ -37,7 +38,9 @@ from ..layout import (
     entry_name,
     file_lock,
     fsync_dir,
+    open_regular,
     parse_log_name,
+    read_regular,
     write_atomic,
     write_temp,
 )
@@ -143,11 +146,8 @@ class PosixLogStore(LogStore):
         return True
 
     def read(self, version: int) -> bytes | None:
-        try:
-            with open(self.entry_location(version), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        # A directory or FIFO there is damage, not "no entry": probing must not stop at it.
+        return read_regular(self.entry_location(version), CorruptLog, "commit-log entry")
 
     def contains(self, version: int) -> bool:
         return os.path.exists(self.entry_location(version))
@@ -197,21 +197,30 @@ class PosixLogStore(LogStore):
 
     def read_checkpoint(self, version: int) -> Blob | None:
         try:
-            # Mapped, not read: the buffer keeps the mapping alive after the file is closed.
-            with pa.memory_map(self.checkpoint_location(version), "r") as mm:
-                return mm.read_buffer()
+            fd = open_regular(self.checkpoint_location(version), CorruptLog, "checkpoint")
         except FileNotFoundError:
             return None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return b""  # mmap refuses an empty file; decoding says it is too short
+            # Mapped, not read: the buffer keeps the mapping alive after the file is closed.
+            return pa.py_buffer(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
 
     def checkpoints(self) -> list[int]:
         return self._versions(CHECKPOINT_SUFFIX)
 
     def last_checkpoint_hint(self) -> int | None:
-        try:
-            with open(os.path.join(self.path, LAST_CHECKPOINT), "rb") as f:
-                return int(f.read().strip())
-        except FileNotFoundError:
+        # Not a regular file is CorruptLog, not "no hint": a directory there would stop
+        # the next checkpoint's hint, and a FIFO's read would never end.
+        raw = read_regular(os.path.join(self.path, LAST_CHECKPOINT), CorruptLog,
+                           "checkpoint pointer")
+        if raw is None:
             return None
+        try:
+            return int(raw.strip())
         except ValueError:
             return None  # a torn hint cannot happen (atomic rename); be lenient anyway
 

@@ -30,6 +30,7 @@ from ..layout import (
     create_exclusive,
     fsync_dir,
     is_url,
+    read_regular,
     write_atomic,
 )
 from .roots import read_saved_at
@@ -60,11 +61,7 @@ class LocalClaim:
         self.marker = os.path.join(path, TIER_OWNER)
 
     def read(self) -> bytes | None:
-        try:
-            with open(self.marker, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        return read_regular(self.marker, CorruptState, "tier claim")
 
     def create(self, data: bytes) -> bool:
         return create_exclusive(self.marker, data)

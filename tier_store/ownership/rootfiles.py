@@ -46,6 +46,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -64,6 +65,7 @@ from ..layout import (
     is_topic,
     log_dir,
     makedirs_durable,
+    open_regular,
     partitions_dir,
     topic_dir,
     topic_names,
@@ -79,7 +81,9 @@ class RootFiles(ABC):
     shared: bool = False
 
     @abstractmethod
-    def read(self, name: str) -> bytes | None: ...
+    def read(self, name: str) -> bytes | None:
+        """The content of file ``name``; None if there is none. Anything but a regular file
+        in its place (a directory, a FIFO, a link) is :class:`CorruptState` naming it."""
 
     @abstractmethod
     def create(self, name: str, data: bytes) -> bool: ...
@@ -144,10 +148,17 @@ class PosixRootFiles(RootFiles):
         return os.path.join(self.root, name)
 
     def read(self, name: str) -> bytes | None:
+        path = self._path(name)
         try:
-            fd = os.open(self._path(name), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular(path, CorruptState, follow=False)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise CorruptState(f"{path} is a symbolic link, not a regular file: the store "
+                               "never reads its own files through links; put the file "
+                               "itself there") from None
         with os.fdopen(fd, "rb") as f:
             return f.read()
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from ..chunk import EncodedChunk
 from ..config import TierSpec
 from ..errors import CorruptSegment
-from ..layout import fsync_dir, makedirs_durable, segment_relpath
+from ..layout import file_kind, fsync_dir, makedirs_durable, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,15 @@ def unsafe_path_error(tier: InsideTier, path: str, what: str) -> CorruptSegment:
                           "the directory or file it stands for")
 
 
+def not_regular_error(tier: InsideTier, path: str, mode: int) -> CorruptSegment:
+    """The error for something else than a regular file (``st_mode`` ``mode``) at ``path``
+    on ``tier``, where the store keeps only regular files."""
+    return CorruptSegment(f"tier {tier.number} ({tier.path}): {path} is {file_kind(mode)}, "
+                          "not a regular file: the store reads and writes only regular files "
+                          "there; move it away (and put the segment file back, if there is a "
+                          "copy)")
+
+
 class InsideTier:
     """Files of a local tier reached without following a symbolic link below the tier's
     directory: ``O_NOFOLLOW`` guards only a path's last component, so each directory on the
@@ -150,19 +159,36 @@ class InsideTier:
 
     def open_inside(self, path: str, flags: int, mode: int = 0o644) -> int:
         """Open ``path`` (a file under the tier's directory) with ``flags``, never through a
-        link; check it is a regular file on the tier's device. Returns the descriptor."""
+        link; check it is a regular file on the tier's device. Returns the descriptor.
+        A directory, a FIFO or a device there is :class:`CorruptSegment` naming it, raised
+        before it is opened (a FIFO's open for reading would wait for a writer)."""
         dfd, name = self.open_parent(path)
         try:
+            if not flags & os.O_EXCL:  # an exclusive create refuses whatever is there
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    pass  # the open creates it, or says it is missing
+                else:
+                    if stat.S_ISLNK(st.st_mode):
+                        raise unsafe_path_error(self, path, "a symbolic link")
+                    if not stat.S_ISREG(st.st_mode):
+                        raise not_regular_error(self, path, st.st_mode)
             try:
-                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+                # O_NONBLOCK: the name may lead to a FIFO since the stat.
+                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                             | os.O_NOCTTY, mode, dir_fd=dfd)
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise unsafe_path_error(self, path, "a symbolic link") from None
                 raise
             try:
                 st, dev = os.fstat(fd), os.fstat(dfd).st_dev
-                if not stat.S_ISREG(st.st_mode) or st.st_dev != dev:
+                if not stat.S_ISREG(st.st_mode):
+                    raise not_regular_error(self, path, st.st_mode)
+                if st.st_dev != dev:
                     raise unsafe_path_error(self, path, "not a regular file on the tier's device")
+                os.set_blocking(fd, True)  # only the open had to be guarded
             except BaseException:
                 os.close(fd)
                 raise

@@ -176,9 +176,13 @@ class FileSegmentWriter(SegmentWriter):
     def _direct_fd(self) -> int:
         if self._dfd < 0 and self._direct_bytes:
             try:
-                dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT | os.O_NOFOLLOW | os.O_CLOEXEC)
+                # O_NONBLOCK: a FIFO put in the file's place since must not make the open
+                # wait for a reader (ENXIO; or, with one, it is compared below and left).
+                dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT | os.O_NOFOLLOW
+                              | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
             except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ELOOP, errno.ENOENT):
+                if e.errno not in (errno.EINVAL, errno.ELOOP, errno.ENOENT, errno.ENXIO,
+                                   errno.EISDIR):
                     raise
                 self._direct_bytes = 0  # the file system has no direct I/O, or the name moved
                 return -1
@@ -188,6 +192,7 @@ class FileSegmentWriter(SegmentWriter):
                 os.close(dfd)
                 self._direct_bytes = 0
                 return -1
+            os.set_blocking(dfd, True)  # only the open had to be guarded
             self._dfd = dfd
         return self._dfd
 

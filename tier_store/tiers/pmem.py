@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..crash import crash_point
-from ..errors import StoreFull
+from ..errors import CorruptState, StoreFull
 from ..layout import (
     POOL_COMPLETE,
     POOL_DIR,
@@ -35,6 +35,7 @@ from ..layout import (
     file_lock,
     fsync_dir,
     makedirs_durable,
+    read_regular,
     write_atomic,
 )
 from ..segment import HEADER_SIZE
@@ -75,11 +76,8 @@ class PmemTier(Tier):
                            "segment_bytes": self.segment_bytes}).encode()
 
     def _marked_complete(self) -> bool:
-        try:
-            with open(os.path.join(self.pool_dir, POOL_COMPLETE), "rb") as f:
-                return f.read() == self._marker()
-        except FileNotFoundError:
-            return False
+        return read_regular(os.path.join(self.pool_dir, POOL_COMPLETE), CorruptState,
+                            f"tier {self.number}: pool marker") == self._marker()
 
     def ensure_pool(self) -> int:
         """Complete the pool: remove temp files of processes that died creating a pool file,
