@@ -299,7 +299,7 @@ def open_regular(path: str, error: type[PafkaError], what: str = "",
     ``os.open``. A missing file is FileNotFoundError."""
     st = os.stat(path, follow_symlinks=follow)
     if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        raise _not_regular(error, what, path, st.st_mode)
+        raise not_regular(error, what, path, st.st_mode)
     # O_NONBLOCK: what the name leads to may have changed since the stat, and the open of a
     # FIFO must not wait for a writer; it changes nothing for a regular file.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -307,7 +307,7 @@ def open_regular(path: str, error: type[PafkaError], what: str = "",
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise _not_regular(error, what, path, mode)
+            raise not_regular(error, what, path, mode)
     except BaseException:
         os.close(fd)
         raise
@@ -326,7 +326,8 @@ def read_regular(path: str, error: type[PafkaError], what: str = "",
         return f.read()
 
 
-def _not_regular(error: type[PafkaError], what: str, path: str, mode: int) -> PafkaError:
+def not_regular(error: type[PafkaError], what: str, path: str, mode: int) -> PafkaError:
+    """``error`` saying that ``path`` (a ``what``) is not a regular file but ``mode``'s kind."""
     return error(f"{what + ' ' if what else ''}{path} is {file_kind(mode)}, not a regular "
                  "file: the store reads only regular files there; move it away (and put the "
                  "store's file back, if there is a copy)")

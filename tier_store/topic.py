@@ -87,8 +87,7 @@ class Topic(positions.GroupPositions):
 
     @property
     def id(self) -> str:
-        """This incarnation's id: a topic deleted and created again under its name has
-        another."""
+        """This incarnation's id: a topic deleted and created again has another."""
         return self.log.current.topic_id
 
     @property
@@ -156,13 +155,13 @@ class Topic(positions.GroupPositions):
                      ) -> list[ChunkRef]:
         """Append ``data`` durably as one chunk per partition touched; nothing is visible
         until :meth:`commit`. Rows go to ``partition`` if given, else by the stable hash of
-        column ``key`` (nulls to 0), else all to the next partition in rotation.
+        column ``key`` (nulls to 0), else all to the next partition in rotation. Data that
+        fails Arrow's full validation is :class:`InvalidArgument`, checked before anything
+        reads its values (a cast or a take of malformed buffers may crash).
 
-        With ``durable=False`` the chunks are written but not yet flushed: a writer of many
-        chunks calls :meth:`sync` once, after the last, and only then hands the references
-        to the committer (one flush per segment instead of one per chunk)."""
+        With ``durable=False`` the chunks are not flushed yet: call :meth:`sync` once after
+        the last, then hand the references to the committer (a flush per segment, not chunk)."""
         table = as_table(data)
-        # Before anything reads the values: a cast or a take of malformed buffers may crash.
         check_valid(table, f"data written to topic {self.name!r}")
         table = conform(table, self.schema, self.name)
         if table.num_rows == 0:
@@ -291,13 +290,11 @@ class Topic(positions.GroupPositions):
     # -- reading ------------------------------------------------------------------------------
     def read(self, partition: int, start: int, end: int | None = None, verify: bool = True,
              skip_corrupt: bool = False) -> Iterator[pa.RecordBatch]:
-        """Yield the records ``[start, end)`` of ``partition`` as Arrow record batches,
-        zero-copy from memory-mapped chunks. ``end=None`` reads to the latest offset; past
-        the latest there is nothing. Below the earliest retained offset: :class:`DataLoss`.
-        Each chunk's checksum is checked and its batches validated before they are handed
-        out (:class:`CorruptSegment`); ``verify=False`` trusts the bytes, and a damaged chunk
-        may then give wrong rows or crash the process. With ``skip_corrupt``, a corrupt
-        chunk is skipped with a warning naming its offsets instead."""
+        """Yield the records ``[start, end)`` of ``partition`` as Arrow batches, zero-copy;
+        ``end=None``: to the latest offset. Below the earliest: :class:`DataLoss`. Each
+        chunk's checksum and batches are checked first (:class:`CorruptSegment`, or with
+        ``skip_corrupt`` a warning naming the offsets skipped); ``verify=False`` trusts the
+        bytes: a damaged chunk may give wrong rows or crash the process."""
         skip = skip_warning("read") if skip_corrupt else None
         for pb in execute(self.plan_read(partition, start, end), verify, skip_corrupt=skip):
             yield pb.batch

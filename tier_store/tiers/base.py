@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from ..chunk import EncodedChunk
 from ..config import TierSpec
 from ..errors import CorruptSegment
-from ..layout import file_kind, fsync_dir, makedirs_durable, segment_relpath
+from ..layout import fsync_dir, makedirs_durable, not_regular, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
 
 log = logging.getLogger(__name__)
@@ -104,15 +104,6 @@ def unsafe_path_error(tier: InsideTier, path: str, what: str) -> CorruptSegment:
                           "the directory or file it stands for")
 
 
-def not_regular_error(tier: InsideTier, path: str, mode: int) -> CorruptSegment:
-    """The error for something else than a regular file (``st_mode`` ``mode``) at ``path``
-    on ``tier``, where the store keeps only regular files."""
-    return CorruptSegment(f"tier {tier.number} ({tier.path}): {path} is {file_kind(mode)}, "
-                          "not a regular file: the store reads and writes only regular files "
-                          "there; move it away (and put the segment file back, if there is a "
-                          "copy)")
-
-
 class InsideTier:
     """Files of a local tier reached without following a symbolic link below the tier's
     directory: ``O_NOFOLLOW`` guards only a path's last component, so each directory on the
@@ -173,7 +164,7 @@ class InsideTier:
                     if stat.S_ISLNK(st.st_mode):
                         raise unsafe_path_error(self, path, "a symbolic link")
                     if not stat.S_ISREG(st.st_mode):
-                        raise not_regular_error(self, path, st.st_mode)
+                        raise not_regular(CorruptSegment, f"tier {self.number}:", path, st.st_mode)
             try:
                 # O_NONBLOCK: the name may lead to a FIFO since the stat.
                 fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -185,7 +176,7 @@ class InsideTier:
             try:
                 st, dev = os.fstat(fd), os.fstat(dfd).st_dev
                 if not stat.S_ISREG(st.st_mode):
-                    raise not_regular_error(self, path, st.st_mode)
+                    raise not_regular(CorruptSegment, f"tier {self.number}:", path, st.st_mode)
                 if st.st_dev != dev:
                     raise unsafe_path_error(self, path, "not a regular file on the tier's device")
                 os.set_blocking(fd, True)  # only the open had to be guarded
