@@ -47,7 +47,8 @@ SOURCE_OPTIONS = {
     "startingtimestamp": "milliseconds since the epoch: start at the first record committed "
                          "then or later",
     "startingoffsetsbytimestamp": "JSON {topic: {partition: timestamp ms}}",
-    "failondataloss": "true | false",
+    "failondataloss": "true | false: false skips ranges lost to retention and chunks that fail "
+                      "their checksum or validation, with a warning",
     "includemetadata": "true | false: add _topic, _partition, _offset, _timestamp",
     "maxoffsetspertrigger": "positive integer: records per micro-batch at most",
     "maxrecordspertrigger": "alias of maxOffsetsPerTrigger",
