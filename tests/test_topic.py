@@ -377,7 +377,7 @@ def test_reset_position_replaces_the_whole_position_and_delete_group_forgets_it(
 def test_retention_bytes_deletes_oldest_sealed_segments_and_reads_below_raise_data_loss(
         store_root):
     s = store_root.open({"log.segment.bytes": "64k", "log.retention.bytes": "200k",
-                         "log.cleanup.grace.ms": 0})
+                         "log.cleanup.grace.ms": 0, "log.retention.check.interval.ms": 0})
     t = s.create_topic("t", SCHEMA)
     for i in range(100):
         t.append(make_batch(i * 200, 200))
@@ -404,7 +404,8 @@ def test_retention_ms_deletes_old_segments_but_keeps_the_newest(store_root):
 
 def test_deleted_segment_files_are_reclaimed_only_after_the_grace_period(store_root):
     s = store_root.open({"log.segment.bytes": "64k", "log.retention.bytes": "100k",
-                         "log.cleanup.grace.ms": 3_600_000})
+                         "log.cleanup.grace.ms": 3_600_000,
+                         "log.retention.check.interval.ms": 0})
     t = s.create_topic("t", SCHEMA)
     for i in range(60):
         t.append(make_batch(i * 200, 200))

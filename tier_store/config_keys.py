@@ -192,9 +192,11 @@ KEYS: dict[str, ConfigKey] = {
                   choices=TIER_TYPES, note="the first not REMOTE"),
         ConfigKey("storage.tiers.first.paths", "path", "",
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
-        ConfigKey("storage.tiers.first.sizes", "size", 1 * GiB,
-                  "Capacity of tier 1 in bytes. Alias of storage.tiers.1.sizes.",
-                  minimum=64 * KiB),
+        ConfigKey("storage.tiers.first.sizes", "size", -1,
+                  "Capacity of tier 1 in bytes; -1 (as in Pafka) takes the free space of its "
+                  "filesystem, less a reserve of 5% of it (1 GiB at most). A PMEM tier "
+                  "pre-allocates its pool, so there -1 is 1 GiB. Alias of "
+                  "storage.tiers.1.sizes.", minimum=64 * KiB, special=(-1,)),
         ConfigKey("storage.tiers.second.paths", "path", "",
                   "Directory of tier 2 (empty: <root>/tier-2). Alias of storage.tiers.2.paths."),
         ConfigKey("storage.tiers.second.sizes", "size", 0,
@@ -257,6 +259,10 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.retention.ms", "int", 7 * _DAY_MS,
                   "Age after which sealed segments are deleted, in milliseconds; -1 keeps all.",
                   changeable=True, minimum=0, special=(-1,)),
+        ConfigKey("log.retention.check.interval.ms", "int", 300_000,
+                  "How often a committing process checks retention, in milliseconds (as "
+                  "Kafka's key); the migration service also checks it on every run. 0 checks "
+                  "after every commit.", changeable=True, minimum=0),
         ConfigKey("log.checkpoint.interval", "int", 100,
                   "Commit-log entries between checkpoints of the topic state.", changeable=True,
                   minimum=2, maximum=1_000_000),

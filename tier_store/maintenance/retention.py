@@ -26,6 +26,9 @@ Rules, per partition:
   only when every offset it holds is below every offset of the segments kept. (Concurrent
   writers can commit a segment's chunks out of order, so a segment's offsets may interleave
   with the next one's; such segments go together.) The earliest offset stays gapless.
+* Commits check retention at most every ``log.retention.check.interval.ms`` per host
+  (:func:`retention_due`), as Kafka's log manager does; the migration service checks it on
+  every run, and :meth:`~tier_store.topic.Topic.apply_retention` at once.
 * ``log.retention.bytes`` (per partition, as in Kafka): delete while the partition's committed
   bytes exceed it. ``log.retention.ms``: delete segments whose newest record was committed
   longer ago than that. -1 disables either.
@@ -34,6 +37,7 @@ Rules, per partition:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -77,13 +81,46 @@ def apply_retention(topic: Topic, now_ms: int | None = None) -> list[str]:
                          "races")
 
 
+def retention_due(topic: Topic) -> bool:
+    """Whether a commit on ``topic`` checks retention now: at most every
+    ``log.retention.check.interval.ms`` per host (0: every commit). The time of the last
+    check is the modification time of a marker in the topic's local pointer directory, so
+    short-lived committers (Spark's sink commits run in fresh processes) share it; a handle
+    that checked recently asks no file at all."""
+    interval = topic.setting("log.retention.check.interval.ms") / 1000.0
+    if interval <= 0:
+        return True
+    key = (topic.store.root, topic.id)
+    now = time.time()
+    if now - _checked.get(key, 0.0) < interval:
+        return False
+    marker = os.path.join(topic.store.pointer_dir(topic.name, topic.id), RETENTION_MARKER)
+    try:
+        last = os.stat(marker).st_mtime
+    except FileNotFoundError:
+        last = 0.0
+    if now - last < interval:
+        _checked[key] = last
+        return False
+    with open(marker, "ab"):
+        pass
+    os.utime(marker, (now, now))
+    _checked[key] = now
+    return True
+
+
+RETENTION_MARKER = "retention.checked"
+# (store root, topic id) -> when this process last checked retention or saw the marker's time
+_checked: dict[tuple[str, str], float] = {}
+
+
 def segments_to_delete(state: TopicState, retention_bytes: int, retention_ms: int, now_ms: int
                        ) -> list[str]:
-    """Ids of the segments to delete now (pure function of the state)."""
+    """Ids of the segments to delete now (pure function of the state): O(segments), from
+    each partition's own segments."""
     out: list[str] = []
-    for p in range(state.partitions):
-        segs = sorted((s for s in state.segments.values() if s.partition == p),
-                      key=lambda s: s.seq)
+    for part in state.parts:
+        segs = sorted(part.segments.values(), key=lambda s: s.seq)
         out.extend(s.id for s in _partition_prefix(segs, retention_bytes, retention_ms, now_ms))
     return out
 
@@ -97,18 +134,25 @@ def _wanted(seg: SegmentState, total: int, retention_bytes: int, retention_ms: i
 
 def _partition_prefix(segs: list[SegmentState], retention_bytes: int, retention_ms: int,
                       now_ms: int) -> list[SegmentState]:
+    if len(segs) < 2:
+        return []
     total = sum(s.bytes for s in segs)
-    best: list[SegmentState] = []
-    taken: list[SegmentState] = []
+    # lowest[i]: the lowest base offset of segs[i:], so each step costs O(1), not O(rest).
+    lowest = [0] * len(segs)
+    low = segs[-1].base
+    for i in range(len(segs) - 1, -1, -1):
+        low = min(low, segs[i].base)
+        lowest[i] = low
+    best = 0
+    reach = -1
     for i, seg in enumerate(segs[:-1]):
         if not _wanted(seg, total, retention_bytes, retention_ms, now_ms):
             break
-        taken.append(seg)
         total -= seg.bytes
-        rest = segs[i + 1:]
-        if max(s.end for s in taken) <= min(s.base for s in rest):
-            best = list(taken)
-    return best
+        reach = max(reach, seg.end)
+        if reach <= lowest[i + 1]:
+            best = i + 1
+    return segs[:best]
 
 
-__all__ = ["apply_retention", "segments_to_delete"]
+__all__ = ["RETENTION_MARKER", "apply_retention", "retention_due", "segments_to_delete"]
