@@ -192,9 +192,14 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+WHOLE_FILESYSTEM = -1
+"""A tier size: the free space of the tier's filesystem, less a reserve (Pafka's -1)."""
+
+
 @dataclass(frozen=True)
 class TierSpec:
-    """A tier as configured: number (1 = fastest), type, directory, capacity (0 = unbounded)."""
+    """A tier as configured: number (1 = fastest), type, directory, capacity (0 = unbounded,
+    :data:`WHOLE_FILESYSTEM`: its filesystem's free space)."""
 
     number: int
     type: str
@@ -248,9 +253,11 @@ class StoreConfig:
         specs = []
         for n, t in enumerate(types, 1):
             path = self[f"storage.tiers.{n}.paths"] or os.path.join(root, f"tier-{n}")
-            default_size = GiB if n == 1 else 0
+            default_size = WHOLE_FILESYSTEM if n == 1 else 0
             size_key = canonical_key(f"storage.tiers.{n}.sizes")
             size = self._values.get(size_key, default_size)
+            if t == "PMEM" and size == WHOLE_FILESYSTEM:
+                size = GiB  # a pool is pre-allocated: never all of a filesystem (or of RAM)
             if t == "REMOTE":
                 if n == 1:
                     raise ConfigError("storage.tiers.types: the first tier cannot be REMOTE "

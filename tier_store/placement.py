@@ -3,37 +3,78 @@
 A remote tier never takes appends. A tier whose filesystem answered ENOSPC (or EDQUOT) is
 skipped until it has room for two segments again, so a full disk costs one failed write,
 not one per append.
+
+Room on a tier of fixed bytes is its capacity against the bytes the topics' states account
+to it. Counting them loads every topic of the store, so it is done only for such a tier,
+and at most every :data:`USAGE_MAX_AGE_S` seconds per store handle: between counts, the
+figure is the last count plus a whole segment for each segment this handle placed since.
+Accounting stays soft by what other processes placed meanwhile (as by one segment per
+concurrent writer already). A pool tier counts its free pool files; a tier without a
+capacity needs no count.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 
+from .config import WHOLE_FILESYSTEM
 from .errors import StoreFull
 from .tiers import NO_SPACE, SegmentWriter, Tier
 
 log = logging.getLogger(__name__)
+
+USAGE_MAX_AGE_S = 2.0
+"""How old a count of the bytes on each tier may be when a segment is placed."""
 
 
 class Placement:
     """The placement rule over a store's tiers (one per store handle; thread-safe enough:
     the out-of-space set only ever loses or gains whole tier numbers)."""
 
-    def __init__(self, root: str, tiers: list[Tier]):
+    def __init__(self, root: str, tiers: list[Tier], count: Callable[[], Mapping[int, int]]):
         self.root = root
         self.tiers = tiers
         self._no_space: set[int] = set()
+        self._count = count  # the committed bytes per tier, from every topic's state
+        self._used: dict[int, int] | None = None
+        self._counted_at = 0.0
+        self._lock = threading.Lock()
+        self.counts = 0  # full counts made: tests check that placing seldom needs one
 
-    def place(self, topic: str, partition: int, seq: int, need: int, used: Mapping[int, int],
+    def used(self, recount: bool = False) -> dict[int, int]:
+        """Bytes accounted per tier: a count at most :data:`USAGE_MAX_AGE_S` old (or made
+        now, with ``recount``), plus the segments placed since."""
+        with self._lock:
+            if recount or self._used is None or \
+                    time.monotonic() - self._counted_at >= USAGE_MAX_AGE_S:
+                self._used = dict(self._count())
+                self._counted_at = time.monotonic()
+                self.counts += 1
+            return dict(self._used)
+
+    def place(self, topic: str, partition: int, seq: int, need: int,
               durable: bool = True) -> tuple[Tier, SegmentWriter]:
-        """Create segment ``seq`` on the first local tier with room, given ``used`` bytes
-        per tier; :class:`StoreFull` naming every tier when none has room."""
+        """Create segment ``seq`` on the first local tier with room; :class:`StoreFull`
+        naming every tier when none has room."""
+        used: dict[int, int] | None = None
+        counted = False  # whether ``used`` was counted by this call
         for t in self.tiers:
             if t.is_remote or self._out_of_space(t, need):
                 continue
-            if not t.has_room(used.get(t.number, 0), need):
+            if _counts_usage(t):
+                if used is None:
+                    used = self.used()
+                if not t.has_room(used.get(t.number, 0), need) and not counted:
+                    # The figure may be stale (segments moved or deleted since): a tier is
+                    # full only by a count made now.
+                    used, counted = self.used(recount=True), True
+                if not t.has_room(used.get(t.number, 0), need):
+                    continue
+            elif not t.has_room(0, need):
                 continue
             try:
                 w = t.create_segment(topic, partition, seq, need, durable)
@@ -44,8 +85,22 @@ class Placement:
                 self._release_partial(t, topic, partition, seq)
                 continue
             if w is not None:
+                if _counts_usage(t):
+                    with self._lock:
+                        if self._used is not None:  # the segment is reserved whole
+                            self._used[t.number] = self._used.get(t.number, 0) + \
+                                max(need, t.segment_bytes)
                 return t, w
-        usage = "; ".join(self._tier_line(t, used.get(t.number, 0)) for t in self.tiers)
+        now = self._count()
+        usage = "; ".join(self._tier_line(t, now.get(t.number, 0)) for t in self.tiers)
+        if len(self.tiers) == 1:  # nothing to migrate to: advise what can help
+            raise StoreFull(
+                f"no local tier has room for a new segment of topic {topic!r} partition "
+                f"{partition} ({need} bytes): {usage}. The store has one tier, so nothing can "
+                f"move away: raise its size (pafka resize {self.root} 1 SIZE, or -1 for its "
+                "filesystem's free space), free space on its filesystem, lower "
+                "log.retention.bytes/ms, or create the store with another tier "
+                "(storage.tiers.types=FILE,HDD) for old segments to move to")
         raise StoreFull(
             f"no local tier has room for a new segment of topic {topic!r} partition "
             f"{partition} ({need} bytes): {usage}. Run the migration service (pafka migrate "
@@ -65,8 +120,10 @@ class Placement:
                         "%r partition %d: %s", t.number, t.path, seq, topic, partition, e)
 
     def _tier_line(self, t: Tier, used: int) -> str:
-        line = (f"tier {t.number} ({t.type}, {t.path}): {used} of "
-                f"{t.capacity or 'unbounded'} bytes used")
+        used_of = f"{used} bytes used, sized by its filesystem" \
+            if t.capacity == WHOLE_FILESYSTEM else \
+            f"{used} of {t.capacity or 'unbounded'} bytes used"
+        line = f"tier {t.number} ({t.type}, {t.path}): {used_of}"
         pool = t.free_pool_files()
         if pool is not None:
             line += f", {pool} free pool files"
@@ -97,4 +154,9 @@ class Placement:
         return True
 
 
-__all__ = ["Placement"]
+def _counts_usage(t: Tier) -> bool:
+    """Whether ``t.has_room`` needs the bytes accounted to ``t``: a capacity, no pool."""
+    return t.capacity > 0 and not t.has_pool
+
+
+__all__ = ["USAGE_MAX_AGE_S", "Placement"]

@@ -84,7 +84,7 @@ class Store:
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
         self._fence = RelocationFence(files, relocations)
-        self._placement = Placement(self.root, tiers)
+        self._placement = Placement(self.root, tiers, self.used_bytes)
         self._given: dict[str, Any] = {}  # the settings open() was given (for reopen)
         self._shared: SharedTier | None = None
         self.is_shared = is_shared(self.root, [t.spec for t in tiers])
@@ -269,7 +269,7 @@ class Store:
         """Create segment ``seq`` by the placement rule (:mod:`tier_store.placement`): on
         the first local tier with room whose filesystem is not out of space; see
         :meth:`Tier.create_segment` for ``durable``."""
-        return self._placement.place(topic, partition, seq, need, self.used_bytes(), durable)
+        return self._placement.place(topic, partition, seq, need, durable)
 
     def mark_out_of_space(self, tier: Tier, error: OSError) -> None:
         """Record that ``tier``'s filesystem answered ENOSPC: new segments skip it until

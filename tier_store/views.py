@@ -19,7 +19,7 @@ from .reading import PlannedChunk
 from .records import SegmentInfo
 from .segment import CHUNK_ALIGN
 from .state import TopicState
-from .tiers import Tier
+from .tiers import Tier, space
 
 
 def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | None,
@@ -67,8 +67,17 @@ def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
     rows = st.part(p).chunks.rows()
     if end <= start or not len(rows):
         return 0
-    i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
-    j = int(np.searchsorted(rows["base"], end, side="left"))
+    base = rows["base"]
+    i = max(0, int(base.searchsorted(start, side="right")) - 1)
+    j = int(base.searchsorted(end, side="left"))
+    if j - i <= 8:  # a few chunks (a driver asks per partition per batch): no array math
+        total = 0.0
+        for b, n, length in zip(base[i:j].tolist(), rows["records"][i:j].tolist(),
+                                rows["length"][i:j].tolist(), strict=True):
+            lo, hi = max(b, start), min(b + n, end)
+            if hi > lo:
+                total += (hi - lo) / max(n, 1) * length
+        return int(total)
     sel = rows[i:j]
     lo = np.maximum(sel["base"], start)
     hi = np.minimum(sel["base"] + sel["records"], end)
@@ -150,9 +159,11 @@ def tier_usage(tiers: list[Tier], states: list[TopicState]) -> list[dict[str, An
             segs[s.tier] += 1
     out = []
     for t in tiers:
+        # Size -1: what the store holds there plus what its filesystem has room for.
         row: dict[str, Any] = {"tier": t.number, "type": t.type, "path": t.path,
-                               "capacity": t.capacity, "used": used[t.number],
-                               "segments": segs[t.number]}
+                               "capacity": space.capacity(t.capacity, t.path, used[t.number])
+                               if t.local else t.capacity,
+                               "used": used[t.number], "segments": segs[t.number]}
         if t.has_pool:
             row["pool_files"] = t.pool_size
             row["pool_free"] = t.free_pool_files()

@@ -16,10 +16,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from ..chunk import EncodedChunk
-from ..config import TierSpec
+from ..config import WHOLE_FILESYSTEM, TierSpec
 from ..errors import CorruptSegment
 from ..layout import fsync_dir, makedirs_durable, not_regular, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
+from . import space
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,8 @@ _throttles: dict[int | None, Callable[[int], None]] = {}
 
 def throttle_tier_writes(charge: Callable[[int], None] | None, tier: int | None = None) -> None:
     """In this process, call ``charge(nbytes)`` before every write of ``nbytes`` to tier
-    number ``tier`` (to every tier when None): appends and the copies of moves. It may
-    sleep, which makes the tier a slower device (benchmarks simulate a disk this way).
-    ``charge=None`` removes it."""
+    ``tier`` (every tier when None), appends and moves; it may sleep, making the tier a
+    slower device (benchmarks simulate a disk so). ``charge=None`` removes it."""
     if charge is None:
         _throttles.pop(tier, None)
     else:
@@ -44,8 +44,8 @@ class SegmentWriter(ABC):
     """Appends chunks to one segment file. Not thread-safe: callers hold the partition lock."""
 
     path: str
-    # Directories whose entries for this file are not yet known to be durable: those of a
-    # segment created with durable=False, or opened by a writer that did not create it.
+    # Directories whose entries for this file may not be durable yet: a segment created
+    # with durable=False, or opened by a writer that did not create it.
     _entry_dirs: tuple[str, ...] = ()
 
     def defer_entry(self, *dirs: str) -> None:
@@ -297,8 +297,11 @@ class Tier(InsideTier, ABC):
         """Delete a segment file that no entry references any more (pool files go back)."""
 
     def has_room(self, used: int, need: int) -> bool:
-        """Whether a new segment for a chunk of ``need`` bytes fits, given ``used`` bytes
-        accounted on this tier (a whole segment is reserved)."""
+        """Whether a segment for a ``need``-byte chunk fits, given ``used`` bytes accounted
+        here (a whole segment is reserved; size -1: :mod:`.space`)."""
+        if self.capacity == WHOLE_FILESYSTEM:
+            left = space.room(self.path)
+            return left is None or left >= max(need, self.segment_bytes)
         return self.capacity <= 0 or used + max(need, self.segment_bytes) <= self.capacity
 
     def free_bytes(self) -> int | None:
@@ -333,8 +336,7 @@ class Tier(InsideTier, ABC):
 
     def resize(self, capacity: int, save: Callable[[], None],
                progress: Callable[[int], None] | None = None) -> int:
-        """Take ``capacity`` as the tier's size once ``save`` has recorded it; returns the
-        change in pool files (0 for tiers without a pool)."""
+        """Take ``capacity`` once ``save`` has recorded it; returns the change in pool files."""
         save()
         self.capacity = capacity
         return 0
@@ -348,8 +350,7 @@ class Tier(InsideTier, ABC):
 
     @property
     def is_remote(self) -> bool:
-        """Whether the tier lives behind a filesystem URL (fsspec): no appends, no flock, no
-        memory mapping; sealed segments are written whole."""
+        """Whether the tier is an fsspec URL: no appends, flock or maps; whole segments."""
         return not self.local
 
     @property
