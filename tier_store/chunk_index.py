@@ -38,8 +38,12 @@ class ChunkIndex:
 
     An index read from a checkpoint stays in the checkpoint's memory-mapped Arrow table until
     first used, so that opening a topic costs the same whatever its history: who only asks
-    for offsets never pays for the chunks.
+    for offsets never pays for the chunks. Chunks committed after the checkpoint go to the
+    growable table meanwhile (the tail), and both are joined on first use of every row: a
+    handle that replays entries and commits never loads the checkpoint's rows.
     """
+
+    loads = 0  # checkpoint parts materialized, in this process: tests count them
 
     def __init__(self, rows: np.ndarray | None = None,
                  lazy: tuple[pa.Table, int, int, str] | None = None):
@@ -48,10 +52,13 @@ class ChunkIndex:
         self._lo = 0
         self._hi = len(rows) if rows is not None else 0
 
-    def _load(self) -> None:
-        table, start, n, where = self._lazy  # type: ignore[misc]
-        rows = np.empty(max(16, n), CHUNK_DTYPE)
-        part = table.slice(start, n)
+    def _materialize(self, lo: int, hi: int, extra: int = 0) -> np.ndarray:
+        """Rows ``[lo, hi)`` of the checkpoint part, checked, in a table with room for
+        ``extra`` more."""
+        table, start, _, where = self._lazy  # type: ignore[misc]
+        n = hi - lo
+        rows = np.empty(max(16, n + extra), CHUNK_DTYPE)
+        part = table.slice(start + lo, n)
         for name in CHUNK_DTYPE.names:
             col = COLUMNS.get(name, name)
             if name in _OPTIONAL_COLUMNS and col not in part.column_names:
@@ -59,11 +66,19 @@ class ChunkIndex:
             else:
                 rows[name][:n] = part.column(col).to_numpy()
         check_chunk_rows(rows[:n], where)  # before use: the rows index files
+        return rows
+
+    def _load(self) -> None:
+        n = self._lazy[2]  # type: ignore[index]
+        tail = self._tail()
+        rows = self._materialize(0, n, len(tail))
+        rows[n:n + len(tail)] = tail
+        ChunkIndex.loads += 1
         self._lazy = None
-        self._a, self._lo, self._hi = rows, 0, n
+        self._a, self._lo, self._hi = rows, 0, n + len(tail)
 
     def __len__(self) -> int:
-        return self._lazy[2] if self._lazy is not None else self._hi - self._lo
+        return (self._lazy[2] if self._lazy is not None else 0) + self._hi - self._lo
 
     def rows(self) -> np.ndarray:
         """The committed chunks, in offset order (a view: do not modify)."""
@@ -71,12 +86,14 @@ class ChunkIndex:
             self._load()
         return self._a[self._lo:self._hi]
 
+    def _tail(self) -> np.ndarray:
+        return self._a[self._lo:self._hi]
+
+
     def append(self, c: ChunkRecord, ts: int) -> None:
         """Add chunk ``c``, committed at ``ts`` (after every chunk already here)."""
-        if self._lazy is not None:
-            self._load()
         if self._hi == len(self._a):
-            live = self.rows()
+            live = self._tail()
             grown = np.empty(max(16, 2 * len(live)), CHUNK_DTYPE)
             grown[: len(live)] = live
             self._a, self._lo, self._hi = grown, 0, len(live)
@@ -109,9 +126,19 @@ class ChunkIndex:
         self._a, self._lo, self._hi = merged, 0, len(merged)
 
     def committed_since(self, ts: int) -> np.ndarray:
-        """Rows committed at or after ``ts`` (rows are in commit order, ``ts`` monotonic)."""
-        rows = self.rows()
-        return rows[int(np.searchsorted(rows["ts"], ts, side="left")):]
+        """Rows committed at or after ``ts`` (rows are in commit order, ``ts`` monotonic).
+        Of a checkpoint part not loaded yet, only those rows are read (every commit asks)."""
+        if self._lazy is None:
+            rows = self.rows()
+            return rows[int(np.searchsorted(rows["ts"], ts, side="left")):]
+        table, start, n, _ = self._lazy
+        times = table.column("ts").slice(start, n).to_numpy()
+        first = int(np.searchsorted(times, ts, side="left"))
+        tail = self._tail()
+        tail = tail[int(np.searchsorted(tail["ts"], ts, side="left")):]
+        if first == n:
+            return tail
+        return np.concatenate([self._materialize(first, n)[:n - first], tail])
 
     def locate(self, offset: int) -> int:
         """Index (into :meth:`rows`) of the chunk holding ``offset``."""

@@ -72,6 +72,8 @@ def check_topic(topic: Topic, verify: bool = True,
     report = CheckReport(topic.name)
     try:
         st = topic.state()
+        for p in range(st.partitions):  # a checkpoint's chunk rows load (and are checked) here
+            st.part(p).chunks.rows()
     except (CorruptSegment, CorruptLog) as e:
         report.problems.append(str(e))
         return report
