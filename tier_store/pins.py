@@ -21,6 +21,7 @@ import mmap
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -31,6 +32,10 @@ from .segment import HEADER_FIELDS, SegmentHeader
 
 PIN_IDLE_S = 5.0
 """A cached mapping unused this long is dropped, and with it the reader's pin on the file."""
+
+MAP_BYTES = 512 << 20
+"""Bytes of segment files a process keeps mapped between reads, at most (the mapping a read
+is using is kept whatever its size)."""
 
 
 class _PinnedMap(mmap.mmap):
@@ -65,12 +70,17 @@ class MappedFiles:
     Each mapping pins its file (:class:`_PinnedMap`); a cached one is dropped — unpinning the
     file once the batches read from it are gone — when it is unused for :data:`PIN_IDLE_S`,
     when the path names another file or none, when a plan of its partition no longer names
-    it (:meth:`forget`), or past ``limit`` mappings. Thread-safe.
+    it (:meth:`forget`), or, least recently used first, when the mapped bytes would pass
+    ``max_bytes``: the pages a reader touched count in its memory (RSS) while they are
+    mapped, so the budget is what bounds a long read's memory, not what it has read.
+    Every operation costs O(1) per mapping it drops, whatever is cached. Thread-safe.
     """
 
-    def __init__(self, limit: int = 256, idle_s: float = PIN_IDLE_S):
-        self._maps: dict[str, _Mapped] = {}
-        self._limit = limit
+    def __init__(self, max_bytes: int = MAP_BYTES, idle_s: float = PIN_IDLE_S):
+        self._maps: OrderedDict[str, _Mapped] = OrderedDict()  # least recently used first
+        self._by_owner: dict[tuple[str, str], set[str]] = {}
+        self._bytes = 0
+        self.max_bytes = max_bytes
         self._idle_s = idle_s
         self._lock = threading.Lock()
         self._janitor: threading.Thread | None = None
@@ -92,6 +102,7 @@ class MappedFiles:
             if hit is not None and (hit.dev, hit.ino) == (st.st_dev, st.st_ino) and \
                     pos + length <= min(hit.buf.size, st.st_size):
                 hit.used = now
+                self._maps.move_to_end(path)
                 return hit.buf
         buf, dev, ino = pin_map(path)
         if pos + length > buf.size:
@@ -100,33 +111,54 @@ class MappedFiles:
                                  "truncated")
         with self._lock:
             self._drop_idle(now)
-            if len(self._maps) >= self._limit:
-                self._maps.pop(next(iter(self._maps)))
-            self._maps.pop(path, None)  # re-inserted last: the dict's order is LRU-ish
-            self._maps[path] = _Mapped(dev, ino, buf, owner_of(path), now)
+            self._remove(path)
+            while self._maps and self._bytes + buf.size > self.max_bytes:
+                self._remove(next(iter(self._maps)))
+            owner = owner_of(path)
+            self._maps[path] = _Mapped(dev, ino, buf, owner, now)
+            self._bytes += buf.size
+            if owner is not None:
+                self._by_owner.setdefault(owner, set()).add(path)
             self._start_janitor()
         return buf
 
+    def _remove(self, path: str) -> None:
+        m = self._maps.pop(path, None)
+        if m is None:
+            return
+        self._bytes -= m.buf.size
+        if m.owner is not None:
+            paths = self._by_owner.get(m.owner)
+            if paths is not None:
+                paths.discard(path)
+                if not paths:
+                    del self._by_owner[m.owner]
+
+    def mapped_bytes(self) -> int:
+        """Bytes of the cached mappings (the most this cache keeps pages of)."""
+        with self._lock:
+            return self._bytes
+
     def forget(self, keep: set[str], owners: set[tuple[str, str]]) -> None:
-        """Drop the cached mappings of the partitions ``owners`` (as :func:`_owner` names
+        """Drop the cached mappings of the partitions ``owners`` (as :func:`owner_of` names
         them) whose paths are not in ``keep``: segments a plan no longer names (moved,
         merged or deleted) are unpinned instead of held until the process ends."""
         with self._lock:
-            for path in [p for p, m in self._maps.items()
-                         if m.owner in owners and p not in keep]:
-                del self._maps[path]
+            for owner in owners:
+                for path in [p for p in self._by_owner.get(owner, ()) if p not in keep]:
+                    self._remove(path)
 
     def drop(self, paths: set[str]) -> None:
         """Drop the cached mappings of ``paths`` (e.g. a move's sources once it is done)."""
         with self._lock:
             for path in paths:
-                self._maps.pop(path, None)
+                self._remove(path)
 
     def drop_under(self, prefixes: list[str]) -> None:
         """Drop the cached mappings of paths under ``prefixes`` (a deleted topic's)."""
         with self._lock:
             for path in [p for p in self._maps if p.startswith(tuple(prefixes))]:
-                del self._maps[path]
+                self._remove(path)
 
     def pinned(self) -> list[str]:
         """Paths of the cached mappings (each pins its file)."""
@@ -134,8 +166,12 @@ class MappedFiles:
             return list(self._maps)
 
     def _drop_idle(self, now: float) -> None:
-        for path in [p for p, m in self._maps.items() if now - m.used > self._idle_s]:
-            del self._maps[path]
+        # Least recently used first: stop at the first mapping still in use.
+        while self._maps:
+            path, m = next(iter(self._maps.items()))
+            if now - m.used <= self._idle_s:
+                return
+            self._remove(path)
 
     def _start_janitor(self) -> None:
         # A worker that stops reading must not pin its last files until it exits.
@@ -156,12 +192,16 @@ class MappedFiles:
     def clear(self) -> None:
         with self._lock:
             self._maps.clear()
+            self._by_owner.clear()
+            self._bytes = 0
 
     def _after_fork(self) -> None:
         # The child shares the parent's pins (open file descriptions); its own copies go,
         # and the janitor thread did not survive the fork.
         self._lock = threading.Lock()
         self._maps.clear()
+        self._by_owner.clear()
+        self._bytes = 0
         self._janitor = None
 
 
