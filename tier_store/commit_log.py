@@ -120,6 +120,9 @@ class CommitLog:
         self.topic = topic
         # The topic's id, once read: entries after entry 0 are checksummed with it.
         self._topic_id: str | None = None
+        # When this handle last looked for staged files a crash left: a listing, so once per
+        # grace period of a long-lived handle, never from a short-lived committer.
+        self._temporaries_at = time.monotonic()
 
     @classmethod
     def on(cls, store: LogStore) -> CommitLog:
@@ -270,11 +273,12 @@ class CommitLog:
         """Delete entries and checkpoints below ``keep_from`` (and stale temp files) that are
         older than the grace period, in ascending order. Returns how many were deleted."""
         cutoff = time.time() - grace_ms / 1000.0
-        self.store.discard_temporaries(cutoff)
-        old = self.store.listing(below=keep_from)
-        # Keep ascending order: stop at the first one still in its grace.
-        expired = next((i for i, f in enumerate(old) if f.mtime >= cutoff), len(old))
-        return self.store.delete(old[:expired])
+        now = time.monotonic()
+        if now - self._temporaries_at >= max(grace_ms / 1000.0, 60.0):
+            # A listing: once per grace period per handle, not per checkpoint.
+            self._temporaries_at = now
+            self.store.discard_temporaries(cutoff)
+        return self.store.delete(self.store.expired(keep_from, cutoff))
 
     def checkpoint_versions(self) -> list[int]:
         return self.store.checkpoints()

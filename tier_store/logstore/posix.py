@@ -60,6 +60,7 @@ class PosixLogStore(LogStore):
         self._ident: tuple[int, int] | None = None
         self._dir_fd = -1
         self._pin_lock = threading.Lock()
+        self._lowest = 0  # the lowest version a cleanup may find present (see expired)
 
     def __repr__(self) -> str:
         return f"PosixLogStore({self.path!r}, {self.topic!r})"
@@ -264,6 +265,44 @@ class PosixLogStore(LogStore):
                 continue
             files.append(LogFile(version, name.endswith(CHECKPOINT_SUFFIX), mtime))
         return files
+
+    def expired(self, below: int, older_than: float) -> list[LogFile]:
+        """Without listing the log: entries are published and deleted in ascending order, so
+        those present are the versions from the lowest one present up. That one is found
+        by a binary search over the names (remembered for the next cleanup), and the files
+        from it up are looked at one by one until one is too young: O(log versions + files
+        deleted) however many entries the grace period keeps."""
+        lo = self._lowest_present(below)
+        out: list[LogFile] = []
+        for v in range(lo, below):
+            for checkpoint, path in ((True, self.checkpoint_location(v)),
+                                     (False, self.entry_location(v))):
+                try:
+                    mtime = os.stat(path).st_mtime
+                except FileNotFoundError:
+                    continue
+                if mtime >= older_than:
+                    self._lowest = v
+                    return out
+                out.append(LogFile(v, checkpoint, mtime))
+        self._lowest = below
+        return out
+
+    def _lowest_present(self, below: int) -> int:
+        """The lowest version ``< below`` whose entry is present (``below`` if none)."""
+        lo = min(self._lowest, below)
+        if lo > 0 and self.contains(lo - 1):
+            lo = 0  # an entry below the one remembered: another cleanup did not run there
+        if self.contains(lo):
+            return lo
+        hi = below  # contains(hi) is taken as true: entries below ``below`` form a suffix
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if self.contains(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     def delete(self, files: Iterable[LogFile]) -> int:
         deleted = 0
