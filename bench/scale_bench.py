@@ -1,0 +1,407 @@
+"""Scaling benchmark: how each hot path's cost grows with history, partitions and topics.
+
+    .venv/bin/python bench/scale_bench.py [--commits 100000] [--partitions 1,256,1024]
+                                          [--topics 2000] [--read-gb 2] [--write-results]
+
+Every figure stands beside the same path's small-size figure from the same run, as a ratio
+(the target of issue "a log that grows old" in brackets):
+
+* history: 1-record commits to one topic of 8 partitions (a chunk per partition each);
+  commit p50/p99 of the last 10% beside the first 10% (≤ 1.5×), the slowest commit after
+  the first 10%, checkpoint bytes written per commit at the start and the end (flat), and
+  the ``_log/`` directory's size;
+* partitions: 1-record appends to a topic of P partitions, in turn; p50 beside 1 partition
+  (≤ 1.5×), and a read's fixed cost per partition (a one-chunk read of each, ≤ 50 µs);
+* topics: a new segment in a store of T topics, from a warm and from a fresh handle, beside
+  a store of 1 topic (≤ 2×); ``Store.open`` + ``topics()`` (≤ 100 ms);
+* open: ``Store.open`` + ``topic`` + ``latest_offsets`` on the history topic, right at a
+  checkpoint and entries after it (≤ 20 ms);
+* memory: peak RSS (anonymous and file-backed) of a process reading ``--read-gb`` from start
+  to end (≈ 1 GiB at most);
+* Spark driver: the stream reader's ``latestOffset`` + ``reportLatestOffset`` +
+  ``partitions`` at 1,024 partitions, without Spark (≤ 20 ms);
+* defaults: ``Store.open(root)`` with no configuration takes a ``--default-write-gb`` write.
+
+The report is printed; ``--write-results`` rewrites this script's section of
+``bench/RESULTS.md``, ``--out DIR`` writes it to ``DIR/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from bench_common import Output, add_output_args, dump_raw, int_range  # noqa: E402
+
+from tier_store import Store  # noqa: E402
+
+MARK = "scale-bench"
+SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.string())])
+ONE = pa.record_batch([pa.array([1], pa.int64()), pa.array(["x" * 100])], schema=SCHEMA)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs), q)) if xs else float("nan")
+
+
+def _dir_bytes(path: str) -> tuple[int, int]:
+    """(files, bytes) under ``path``."""
+    files = size = 0
+    for d, _, names in os.walk(path):
+        for n in names:
+            try:
+                size += os.path.getsize(os.path.join(d, n))
+                files += 1
+            except FileNotFoundError:
+                pass
+    return files, size
+
+
+# -- history ------------------------------------------------------------------------------------
+def history(base: str, commits: int, partitions: int = 8) -> dict:
+    root = os.path.join(base, "history")
+    store = Store.open(root, {"log.segment.bytes": "64m", "storage.tiers.first.sizes": "64g"})
+    topic = store.create_topic("h", SCHEMA, partitions=partitions)
+    log_dir = os.path.join(root, "h", "_log")
+    times: list[float] = []
+    cp_bytes: list[tuple[int, int]] = []  # (commit, checkpoint bytes)
+    seen: set[str] = set()
+    sizes: dict[int, tuple[int, int]] = {}
+    marks = {commits // 10, commits}
+    for i in range(1, commits + 1):
+        refs = []
+        for p in range(partitions):
+            refs += topic.write_chunks(ONE, partition=p, durable=False)
+        topic.sync()
+        t0 = time.perf_counter()
+        topic.commit(refs)
+        times.append(time.perf_counter() - t0)
+        if i % 100 == 0:  # a checkpoint was just written: its size
+            for n in os.listdir(log_dir):
+                if n.endswith(".checkpoint") and n not in seen:
+                    seen.add(n)
+                    try:
+                        cp_bytes.append((i, os.path.getsize(os.path.join(log_dir, n))))
+                    except FileNotFoundError:
+                        pass
+        if i in marks:
+            sizes[i] = _dir_bytes(log_dir)
+    tenth = max(1, commits // 10)
+    first, last = times[:tenth], times[-tenth:]
+    after = times[tenth:]
+    worst = int(np.argmax(after)) + tenth if after else 0
+    early = [b for c, b in cp_bytes if c <= tenth] or [0]
+    late = [b for c, b in cp_bytes if c > commits - tenth] or [0]
+    store.close()
+    return {"commits": commits, "partitions": partitions,
+            "first_p50": _pct(first, 50), "first_p99": _pct(first, 99),
+            "last_p50": _pct(last, 50), "last_p99": _pct(last, 99),
+            "max_after_first": max(after) if after else 0.0, "max_at": worst + 1,
+            "checkpoint_bytes_early": statistics.median(early),
+            "checkpoint_bytes_late": statistics.median(late),
+            "log_dir": {str(k): v for k, v in sorted(sizes.items())}, "root": root}
+
+
+def open_costs(root: str, commits: int, extra: int = 50) -> dict:
+    """Store.open + topic + latest_offsets on the history topic: at its checkpoint and
+    ``extra`` entries after it (appended now)."""
+    def once() -> float:
+        code = ("import time, sys; t0 = time.perf_counter(); from tier_store import Store; "
+                "t1 = time.perf_counter(); s = Store.open(sys.argv[1]); "
+                "s.topic('h').latest_offsets(); print(time.perf_counter() - t1)")
+        out = subprocess.run([sys.executable, "-c", code, root], capture_output=True,
+                             text=True, check=True, cwd=os.path.dirname(HERE))
+        return float(out.stdout.strip())
+
+    at_cp = statistics.median(once() for _ in range(5))
+    topic = Store.open(root).topic("h")
+    for _ in range(extra):
+        topic.append(ONE, partition=0)
+    after = statistics.median(once() for _ in range(5))
+    return {"at_checkpoint": at_cp, "after": after, "extra": extra,
+            "version": topic.version, "chunks": commits * 8 + extra}
+
+
+# -- partitions ---------------------------------------------------------------------------------
+def partitions(base: str, counts: list[int], appends: int = 2000) -> dict:
+    out = {}
+    for n in counts:
+        root = os.path.join(base, f"parts-{n}")
+        store = Store.open(root, {"log.segment.bytes": "1m", "storage.tiers.first.sizes": "64g"})
+        topic = store.create_topic("p", SCHEMA, partitions=n)
+        for p in range(n):  # every partition has its segment before timing
+            topic.append(ONE, partition=p)
+        times = []
+        for i in range(appends):
+            t0 = time.perf_counter()
+            topic.append(ONE, partition=i % n)
+            times.append(time.perf_counter() - t0)
+        reader = Store.open(root).topic("p")
+        sample = list(range(0, n, max(1, n // 256)))
+        t0 = time.perf_counter()
+        for p in sample:
+            for _ in reader.read(p, 0, 1):
+                pass
+        per_read = (time.perf_counter() - t0) / len(sample)
+        out[str(n)] = {"append_p50": _pct(times, 50), "append_p99": _pct(times, 99),
+                       "read_per_partition": per_read}
+        store.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# -- topics -------------------------------------------------------------------------------------
+_NEW_SEGMENT = """
+import sys, time
+from tier_store import Store
+import pyarrow as pa
+t0 = time.perf_counter()
+s = Store.open(sys.argv[1])
+t = s.topic("t0")
+t1 = time.perf_counter()
+p = t.partitions - 1
+t.append(pa.record_batch([pa.array([1]), pa.array(["x"])], names=["key", "value"]), partition=p)
+print(time.perf_counter() - t1)
+"""
+
+
+def topics(base: str, count: int) -> dict:
+    out = {}
+    for n in (1, count):
+        root = os.path.join(base, f"topics-{n}")
+        store = Store.open(root, {"log.segment.bytes": "1m", "storage.tiers.first.sizes": "64g"})
+        for i in range(n):
+            store.create_topic(f"t{i}", SCHEMA, partitions=1)
+            store.topic(f"t{i}").append(ONE)
+        t = store.topic("t0")
+        warm = []
+        for _ in range(20):  # each: a new partition's first segment, on a warm handle
+            t.add_partitions(1)
+            p = t.partitions - 1
+            t0 = time.perf_counter()
+            t.append(ONE, partition=p)
+            warm.append(time.perf_counter() - t0)
+        fresh = []
+        for _ in range(5):
+            t.add_partitions(1)
+            r = subprocess.run([sys.executable, "-c", _NEW_SEGMENT, root], capture_output=True,
+                               text=True, check=True, cwd=os.path.dirname(HERE))
+            fresh.append(float(r.stdout.strip()))
+        t0 = time.perf_counter()
+        names = Store.open(root).topics()
+        listed = time.perf_counter() - t0
+        assert len(names) == n
+        out[str(n)] = {"new_segment_warm": statistics.median(warm),
+                       "new_segment_fresh": statistics.median(fresh),
+                       "open_and_topics": listed}
+        store.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# -- memory -------------------------------------------------------------------------------------
+_READ_ALL = """
+import resource, sys
+from tier_store import Store
+t = Store.open(sys.argv[1]).topic("m")
+n = 0
+for p in range(t.partitions):
+    for b in t.read(p, 0):
+        n += b.num_rows
+rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(n, rss_kb * 1024)
+"""
+
+
+def memory(base: str, gb: float) -> dict:
+    root = os.path.join(base, "memory")
+    store = Store.open(root, {"storage.tiers.first.sizes": "64g"})
+    topic = store.create_topic("m", SCHEMA, partitions=2)
+    rows = 1 << 16
+    batch = pa.record_batch([pa.array(np.arange(rows)),
+                             pa.array(["v" * 1000] * rows)], schema=SCHEMA)
+    total = int(gb * 1e9)
+    written = 0
+    i = 0
+    while written < total:
+        topic.append(batch, partition=i % 2)
+        written += batch.nbytes
+        i += 1
+    store.close()
+    r = subprocess.run([sys.executable, "-c", _READ_ALL, root], capture_output=True, text=True,
+                       check=True, cwd=os.path.dirname(HERE))
+    n, peak = map(int, r.stdout.split())
+    shutil.rmtree(root, ignore_errors=True)
+    return {"read_bytes": written, "records": n, "peak_rss": peak}
+
+
+# -- the Spark driver ---------------------------------------------------------------------------
+def driver(base: str, n: int = 1024) -> dict:
+    from pyspark.sql.types import StructType
+
+    from pafka_source.options import SourceOptions
+    from pafka_source.reader import PafkaStreamReader
+    from pafka_source.types import spark_schema
+    root = os.path.join(base, "driver")
+    store = Store.open(root, {"log.segment.bytes": "1m", "storage.tiers.first.sizes": "64g"})
+    topic = store.create_topic("d", SCHEMA, partitions=n)
+
+    def one_batch() -> None:
+        refs = []
+        for p in range(n):
+            refs += topic.write_chunks(ONE, partition=p, durable=False)
+        topic.sync()
+        topic.commit(refs)
+
+    one_batch()
+    schema: StructType = spark_schema(topic.schema, include_metadata=False)
+    reader = PafkaStreamReader(SourceOptions.parse({"path": root, "topic": "d",
+                                                    "startingOffsets": "earliest"}), schema)
+    start = reader.initialOffset()
+    times = []
+    for _ in range(10):
+        one_batch()
+        t0 = time.perf_counter()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        reader.reportLatestOffset()
+        reader.partitions(start, end)
+        times.append(time.perf_counter() - t0)
+        start = end
+    store.close()
+    return {"partitions": n, "per_batch": statistics.median(times)}
+
+
+# -- defaults -----------------------------------------------------------------------------------
+def defaults(base: str, gb: float) -> dict:
+    root = os.path.join(base, "defaults")
+    store = Store.open(root)
+    topic = store.create_topic("big", SCHEMA, partitions=1)
+    rows = 1 << 16
+    batch = pa.record_batch([pa.array(np.arange(rows)), pa.array(["d" * 1000] * rows)],
+                            schema=SCHEMA)
+    written = 0
+    try:
+        while written < gb * 1e9:
+            topic.append(batch)
+            written += batch.nbytes
+        error = None
+    except Exception as e:  # noqa: BLE001 - reported
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+    store.close()
+    shutil.rmtree(root, ignore_errors=True)
+    return {"written": written, "error": error}
+
+
+def report(args: argparse.Namespace, r: dict) -> str:
+    def ms(x: float) -> str:
+        return f"{x * 1e3:.2f} ms"
+
+    h = r["history"]
+    lines = ["## Scaling (`bench/scale_bench.py`)", "",
+             f"Each figure beside its small-size peer from the same run; targets in brackets. "
+             f"Command: `.venv/bin/python bench/scale_bench.py {' '.join(sys.argv[1:])}`.", "",
+             f"**History**: {h['commits']:,} commits to {h['partitions']} partitions (one "
+             "1-record chunk each).", "",
+             "| figure | first 10% | last 10% | ratio |", "|---|---|---|---|",
+             f"| commit p50 | {ms(h['first_p50'])} | {ms(h['last_p50'])} | "
+             f"{h['last_p50'] / h['first_p50']:.2f}× (≤ 1.5×) |",
+             f"| commit p99 | {ms(h['first_p99'])} | {ms(h['last_p99'])} | "
+             f"{h['last_p99'] / h['first_p99']:.2f}× (≤ 1.5×) |",
+             f"| checkpoint bytes | {h['checkpoint_bytes_early']:,.0f} | "
+             f"{h['checkpoint_bytes_late']:,.0f} | "
+             f"{h['checkpoint_bytes_late'] / max(1, h['checkpoint_bytes_early']):.1f}× (flat) |",
+             "", f"Slowest commit after the first 10%: {ms(h['max_after_first'])} (commit "
+             f"{h['max_at']:,}; target ≤ 100 ms). `_log/` files and bytes: "
+             + ", ".join(f"{int(k):,} commits: {v[0]:,} files, {v[1] / 1e6:,.1f} MB"
+                         for k, v in h["log_dir"].items()) + "."]
+    o = r["open"]
+    lines += ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
+              f"{o['chunks']:,} chunks): {ms(o['at_checkpoint'])} at a checkpoint, "
+              f"{ms(o['after'])} {o['extra']} entries after it (≤ 20 ms)."]
+    p = r["partitions"]
+    one = p[min(p, key=int)]
+    lines += ["", "**Partitions** (1-record appends, partitions in turn; a one-record read "
+              "of each partition from a fresh handle):", "",
+              "| partitions | append p50 | ratio to 1 partition | read, per partition |",
+              "|---|---|---|---|"]
+    for n, v in sorted(p.items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {int(n):,} | {ms(v['append_p50'])} | "
+                     f"{v['append_p50'] / one['append_p50']:.2f}× (≤ 1.5×) | "
+                     f"{v['read_per_partition'] * 1e6:.0f} µs (≤ 50 µs) |")
+    t = r["topics"]
+    small, big = t["1"], t[max(t, key=int)]
+    lines += ["", f"**Topics** (a new segment; {int(max(t, key=int)):,} topics beside 1):", "",
+              "| figure | 1 topic | many | ratio |", "|---|---|---|---|",
+              f"| new segment, warm handle | {ms(small['new_segment_warm'])} | "
+              f"{ms(big['new_segment_warm'])} | "
+              f"{big['new_segment_warm'] / small['new_segment_warm']:.2f}× (≤ 2×) |",
+              f"| new segment, fresh handle | {ms(small['new_segment_fresh'])} | "
+              f"{ms(big['new_segment_fresh'])} | "
+              f"{big['new_segment_fresh'] / small['new_segment_fresh']:.2f}× (≤ 2×) |",
+              f"| `Store.open` + `topics()` | {ms(small['open_and_topics'])} | "
+              f"{ms(big['open_and_topics'])} | (≤ 100 ms) |"]
+    m = r["memory"]
+    lines += ["", f"**Memory**: reading {m['read_bytes'] / 1e9:.1f} GB start to end peaked at "
+              f"{m['peak_rss'] / 2**30:.2f} GiB RSS (≈ 1 GiB at most)."]
+    d = r["driver"]
+    lines += ["", f"**Spark driver** at {d['partitions']:,} partitions: `latestOffset` + "
+              f"`reportLatestOffset` + `partitions` took {ms(d['per_batch'])} per micro-batch "
+              "(≤ 20 ms)."]
+    f = r["defaults"]
+    lines += ["", f"**Defaults**: `Store.open(root)` took {f['written'] / 1e9:.2f} GB"
+              + (f", then failed: {f['error']}" if f["error"] else " without an error") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--commits", type=int_range(1000, 10**8), default=100_000)
+    ap.add_argument("--partitions", default="1,256,1024",
+                    help="partition counts, comma-separated (default 1,256,1024)")
+    ap.add_argument("--topics", type=int_range(2, 10**6), default=2000)
+    ap.add_argument("--read-gb", type=float, default=2.0)
+    ap.add_argument("--default-write-gb", type=float, default=2.0)
+    add_output_args(ap)
+    args = ap.parse_args()
+    output = Output(args)
+    base = tempfile.mkdtemp(prefix="pafka-scale-", dir=os.path.join(HERE))
+    r: dict = {}
+    try:
+        print("history", flush=True)
+        r["history"] = history(base, args.commits)
+        print(r["history"], flush=True)
+        r["open"] = open_costs(r["history"].pop("root"), args.commits)
+        print(r["open"], flush=True)
+        shutil.rmtree(os.path.join(base, "history"), ignore_errors=True)
+        r["partitions"] = partitions(base, [int(x) for x in args.partitions.split(",")])
+        print(r["partitions"], flush=True)
+        r["topics"] = topics(base, args.topics)
+        print(r["topics"], flush=True)
+        r["memory"] = memory(base, args.read_gb)
+        print(r["memory"], flush=True)
+        r["driver"] = driver(base)
+        print(r["driver"], flush=True)
+        r["defaults"] = defaults(base, args.default_write_gb)
+        print(r["defaults"], flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    dump_raw(r)
+    print(json.dumps(r, default=float)[:2000], flush=True)
+    output.report(MARK, report(args, r))
+
+
+if __name__ == "__main__":
+    main()

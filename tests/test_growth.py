@@ -1,0 +1,273 @@
+"""A log that grows old: no hot path's cost grows with history, partitions or topics.
+
+Each test counts the work a path does (segments scanned, files listed, topics loaded,
+bytes written per checkpoint), never wall time, so it fails if a cost turns linear again
+whatever the machine's load."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tier_store import Store
+from tier_store.maintenance import retention
+
+from .conftest import make_batch
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of calls to store internals, by name, once patched with ``count``."""
+    calls: dict[str, int] = {}
+
+    def count(module, name):
+        real = getattr(module, name)
+
+        def spy(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+
+    count.calls = calls
+    return count
+
+
+def _store(tmp_path, **conf):
+    return Store.open(str(tmp_path / "store"), {"log.segment.bytes": "16k", **conf})
+
+
+# -- retention --------------------------------------------------------------------------------
+def test_commits_check_retention_once_per_interval_not_after_each(tmp_path, counted):
+    store = _store(tmp_path)
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=64)
+    counted(retention, "segments_to_delete")
+    for i in range(300):
+        topic.append(make_batch(i, 1), partition=i % 64)
+    assert counted.calls.get("segments_to_delete", 0) == 1  # the first commit's check
+    # Another process (a Spark sink commit, say) within the interval: no check either.
+    retention._checked.clear()
+    other = Store.open(str(tmp_path / "store")).topic("t")
+    for i in range(20):
+        other.append(make_batch(i, 1), partition=i % 64)
+    assert counted.calls["segments_to_delete"] == 1
+
+
+def test_an_interval_of_zero_checks_after_every_commit_and_retention_still_deletes(tmp_path):
+    store = _store(tmp_path, **{"log.retention.check.interval.ms": 0,
+                                "log.retention.bytes": "32k"})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(0, 4000, 100):
+        topic.append(make_batch(i, 100))
+    assert topic.earliest_offsets()[0] > 0  # retention ran from the commits
+    assert sum(s.bytes for s in topic.segments()) <= 32 * 1024 + 16 * 1024
+
+
+def test_choosing_what_retention_deletes_visits_each_segment_once(tmp_path, monkeypatch):
+    store = _store(tmp_path, **{"log.retention.check.interval.ms": 3_600_000})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=32)
+    for i in range(0, 3200, 10):
+        topic.append(make_batch(i, 10), partition=(i // 10) % 32)
+    st = topic.state()
+    visited = []
+    real = retention._partition_prefix
+
+    def spy(segs, *args):
+        visited.extend(s.id for s in segs)
+        return real(segs, *args)
+
+    monkeypatch.setattr(retention, "_partition_prefix", spy)
+    retention.segments_to_delete(st, 1, -1, 0)
+    assert sorted(visited) == sorted(st.segments)  # each once: O(segments), not O(P × S)
+
+
+def test_retention_keeps_an_offset_prefix_when_segments_interleave(tmp_path):
+    from tier_store.state import PartitionState, SegmentState, TopicState
+    st = TopicState("t", partitions=1, parts=[PartitionState(0)])
+    # Segment 1's offsets interleave with segment 2's: the two go together or not at all.
+    for seq, base, end in ((0, 0, 10), (1, 10, 30), (2, 20, 40), (3, 40, 50)):
+        st._add_segment(SegmentState(0, seq, 1, base, end, end - base, 100, 100, 1, 0, 0))
+    # 400 bytes, 250 kept: 0-0 and 0-1 would go, but 0-1 holds offsets above 0-2's first.
+    assert retention.segments_to_delete(st, 250, -1, 0) == ["0-0"]
+    assert retention.segments_to_delete(st, 150, -1, 0) == ["0-0", "0-1", "0-2"]
+    assert retention.segments_to_delete(st, 0, -1, 0) == ["0-0", "0-1", "0-2"]
+    assert retention.segments_to_delete(st, -1, 5, 0) == []
+
+
+def test_the_marker_of_the_last_check_is_per_topic_incarnation(tmp_path, counted):
+    store = _store(tmp_path)
+    schema = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("value", pa.string())])
+    a = store.create_topic("a", schema, partitions=1)
+    b = store.create_topic("b", schema, partitions=1)
+    counted(retention, "segments_to_delete")
+    a.append(make_batch(0, 1))
+    b.append(make_batch(0, 1))
+    assert counted.calls["segments_to_delete"] == 2
+    store.delete_topic("a")
+    a = store.create_topic("a", schema, partitions=1)
+    a.append(make_batch(0, 1))  # a new incarnation checks at once
+    assert counted.calls["segments_to_delete"] == 3
+
+
+# -- placement --------------------------------------------------------------------------------
+def _fill_segments(topic, segments: int, partition: int = 0) -> None:
+    big = pa.record_batch([pa.array(range(100)), pa.array(range(100)),
+                           pa.array(["x" * 120] * 100)], schema=topic.schema)
+    for _ in range(segments):  # each append about 12 KiB: one segment of 16 KiB each
+        topic.append(big, partition=partition)
+
+
+def test_new_segments_count_the_stores_usage_once_not_per_segment(tmp_path, monkeypatch):
+    from tier_store import placement
+    monkeypatch.setattr(placement, "USAGE_MAX_AGE_S", 3600.0)
+    store = _store(tmp_path, **{"storage.tiers.first.sizes": "1g"})
+    for i in range(20):
+        store.create_topic(f"t{i}", make_batch(0, 1).schema, partitions=1)
+    topic = store.topic("t0")
+    _fill_segments(topic, 30)
+    assert len(topic.segments()) >= 25
+    assert store._placement.counts == 1  # one count of 20 topics' states, then reservations
+    # Each placement reserved a whole segment: the figure runs ahead of the count.
+    assert store._placement.used()[1] >= 25 * 16 * 1024
+
+
+def test_the_reserved_figure_still_refuses_a_segment_past_the_capacity(tmp_path, monkeypatch):
+    from tier_store import StoreFull, placement
+    monkeypatch.setattr(placement, "USAGE_MAX_AGE_S", 3600.0)
+    store = _store(tmp_path, **{"storage.tiers.first.sizes": "64k"})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    with pytest.raises(StoreFull, match="no local tier has room"):
+        _fill_segments(topic, 10)
+    # Never past the capacity: the committed bytes and a whole segment more fit in it.
+    held = sum(s.bytes for s in topic.segments())
+    assert held + 16 * 1024 <= 64 * 1024 + 16 * 1024 and len(topic.segments()) >= 3
+    # Counted again only once the reserved figure said full, to see what moved meanwhile.
+    assert 2 <= store._placement.counts <= len(topic.segments())
+
+
+def test_a_pool_tier_or_an_unbounded_one_never_counts_usage(tmp_path, shm_dir):
+    store = _store(tmp_path, **{"storage.tiers.types": "PMEM,HDD",
+                                "storage.tiers.first.paths": shm_dir,
+                                "storage.tiers.first.sizes": "256k", "log.pmem.pool.ratio": 1.0})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    _fill_segments(topic, 24)  # 16 in the pool, the rest on the HDD tier (no capacity)
+    assert {s.tier for s in topic.segments()} == {1, 2}
+    assert store._placement.counts == 0
+
+
+# -- opening ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("after", [0, 1, 37])
+def test_opening_a_topic_and_committing_never_loads_the_checkpoints_chunk_rows(tmp_path,
+                                                                               after):
+    from tier_store.chunk_index import ChunkIndex
+    store = _store(tmp_path, **{"log.checkpoint.interval": 50})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=4)
+    for i in range(200 + after):  # a checkpoint at 200, then ``after`` entries
+        topic.append(make_batch(i, 1), partition=i % 4)
+    assert topic.checkpointed_version == 200
+    before = ChunkIndex.loads
+    fresh = Store.open(str(tmp_path / "store")).topic("t")
+    assert sum(fresh.latest_offsets().values()) == 200 + after
+    fresh.append(make_batch(0, 1), partition=0)  # a commit on the opened handle
+    fresh.append(make_batch(0, 1), partition=1)
+    assert ChunkIndex.loads == before
+    # A read needs the rows: loaded then, once per partition read, and all there.
+    assert [b.num_rows for b in fresh.read(0, 0)] and ChunkIndex.loads == before + 1
+    assert sum(b.num_rows for b in fresh.read(0, 0)) == fresh.latest_offsets()[0]
+
+
+# -- reader memory --------------------------------------------------------------------------------
+def test_reader_mappings_stay_within_their_byte_budget_whatever_is_read(tmp_path, monkeypatch):
+    from tier_store import MAPS
+    store = _store(tmp_path)
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=4)
+    for p in range(4):
+        _fill_segments(topic, 10, partition=p)
+    files = {s.id for s in topic.segments()}
+    assert len(files) >= 40
+    MAPS.clear()
+    monkeypatch.setattr(MAPS, "max_bytes", 64 * 1024)
+    try:
+        seen = 0
+        for p in range(4):
+            for b in topic.read(p, 0):
+                seen += b.num_rows
+                assert MAPS.mapped_bytes() <= 64 * 1024 + 16 * 1024  # the one in use may pass
+        assert seen == 4000
+        assert len(MAPS.pinned()) <= 5
+    finally:
+        MAPS.clear()
+
+
+# -- the commit log ------------------------------------------------------------------------------
+def test_cleanup_deletes_known_ranges_without_listing_the_log(tmp_path, monkeypatch):
+    import os
+
+    from tier_store.logstore.posix import PosixLogStore
+    listed = []
+    real = PosixLogStore._names
+    monkeypatch.setattr(PosixLogStore, "_names", lambda self: listed.append(1) or real(self))
+    store = _store(tmp_path, **{"log.checkpoint.interval": 10, "log.cleanup.grace.ms": 0})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=2)
+    for i in range(1000):
+        topic.append(make_batch(i, 1), partition=i % 2)
+    log_dir = os.path.join(str(tmp_path / "store"), "t", "_log")
+    left = [n for n in os.listdir(log_dir) if n[0].isdigit()]
+    assert len(left) <= 2 * 10 + 4, sorted(left)  # entries since the previous checkpoint
+    assert listed == []  # the whole _log/ was never listed
+    # A new handle (another process) finds where the log starts by a binary search.
+    other = Store.open(str(tmp_path / "store")).topic("t")
+    for i in range(100):
+        other.append(make_batch(i, 1), partition=0)
+    assert len([n for n in os.listdir(log_dir) if n[0].isdigit()]) <= 2 * 10 + 4
+    assert listed == []
+    assert sum(other.latest_offsets().values()) == 1100
+
+
+def test_cleanup_keeps_what_is_within_the_grace_period(tmp_path):
+    import os
+    store = _store(tmp_path, **{"log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(100):
+        topic.append(make_batch(i, 1))
+    log_dir = os.path.join(str(tmp_path / "store"), "t", "_log")
+    assert len([n for n in os.listdir(log_dir) if n.endswith(".json")]) == 101
+
+
+# -- defaults -----------------------------------------------------------------------------------
+def test_a_default_store_takes_its_filesystems_free_space_less_a_reserve(tmp_path,
+                                                                        monkeypatch):
+    from tier_store import StoreFull
+    from tier_store.tiers import space
+    store = Store.open(str(tmp_path / "store"), {"log.segment.bytes": "16k"})
+    assert store.tiers[0].capacity == -1
+    usage = store.tier_usage()[0]
+    assert usage["capacity"] >= usage["used"] and usage["capacity"] > 1 << 20
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    _fill_segments(topic, 3)
+    assert store._placement.counts == 0  # the filesystem decides: no topic is loaded
+    monkeypatch.setattr(space, "room", lambda path: 8 * 1024)  # less than a segment left
+    with pytest.raises(StoreFull) as e:
+        _fill_segments(topic, 3)
+    text = str(e.value)
+    assert "The store has one tier" in text and "pafka resize" in text
+    assert "sized by its filesystem" in text and "migrat" not in text
+
+
+def test_a_full_store_with_a_tier_below_advises_the_migration_service(tmp_path):
+    from tier_store import StoreFull
+    store = _store(tmp_path, **{"storage.tiers.types": "FILE,HDD",
+                                "storage.tiers.first.sizes": "64k",
+                                "storage.tiers.second.sizes": "64k"})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    with pytest.raises(StoreFull, match="Run the migration service"):
+        _fill_segments(topic, 20)
+
+
+def test_a_pmem_tier_of_size_minus_one_is_a_pool_of_one_gib(tmp_path):
+    from tier_store import StoreConfig, load_config
+    conf = StoreConfig(load_config({"storage.tiers.types": "PMEM,HDD"}))
+    specs = conf.tiers(str(tmp_path))
+    assert [(s.type, s.size) for s in specs] == [("PMEM", 1 << 30), ("HDD", 0)]
+    conf = StoreConfig(load_config({"storage.tiers.types": "NVME,HDD"}))
+    assert [s.size for s in conf.tiers(str(tmp_path))] == [-1, 0]
