@@ -175,6 +175,7 @@ def _soak_outputs(tmp_path, read_ids: list[int], ok: list[bool] | None = None) -
     """A real store holding ids 0..999 (10 batches of 100, partition 0, offset = id), the
     writer's Spark checkpoint logs for those batches, and a reader output of ``read_ids``."""
     import json
+    import time
 
     import pyarrow as pa
     import soak_roles
@@ -186,6 +187,7 @@ def _soak_outputs(tmp_path, read_ids: list[int], ok: list[bool] | None = None) -
     with Store.open(root, conf, create=True) as store:
         t = store.create_topic(soak_roles.TOPIC, soak_roles.TOPIC_SCHEMA, partitions=1)
         for b in range(10):
+            time.sleep(0.002)  # past log.segment.ms since the last append, however fast
             ids = list(range(b * 100, b * 100 + 100))
             t.append(pa.record_batch([pa.array(ids, pa.int64()),
                                       pa.array([soak_roles.payload(i) for i in ids])],

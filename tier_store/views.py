@@ -137,15 +137,21 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
 
 def used_bytes(tiers: list[Tier], states: list[TopicState], host: str | None = None
                ) -> dict[int, int]:
-    """Committed bytes per tier, accounted from the topics' states; on a shared store
-    (``host`` given) a local tier counts that host's segments only, as each host has its
-    own."""
+    """Bytes per tier, accounted from the topics' states: committed bytes, and each
+    partition's newest segment whole; on a shared store (``host`` given) a local tier
+    counts that host's segments only, as each host has its own."""
     used = {t.number: 0 for t in tiers}
     local = {t.number for t in tiers if t.local}
+    whole = {t.number: t.segment_bytes for t in tiers}
     for st in states:
-        for s in st.segments.values():
-            if host is None or s.tier not in local or s.host == host:
-                used[s.tier] = used.get(s.tier, 0) + s.extent
+        for part in st.parts:
+            newest = max(part.segments, default=None)
+            for seq, s in part.segments.items():
+                if host is None or s.tier not in local or s.host == host:
+                    # A partition's newest segment may be its active one, still filling: it
+                    # is counted whole, as placement reserved it.
+                    n = max(s.extent, whole.get(s.tier, 0)) if seq == newest else s.extent
+                    used[s.tier] = used.get(s.tier, 0) + n
     return used
 
 
