@@ -178,11 +178,16 @@ print(time.perf_counter() - t1)
 """
 
 
-def topics(base: str, count: int) -> dict:
+def topics(base: str, count: int, sized: bool = False) -> dict:
+    """A new segment with 1 and ``count`` topics: tier 1 sized by its filesystem (the
+    default), or with ``sized`` of a fixed size, whose usage placement counts."""
     out = {}
+    conf = {"log.segment.bytes": "1m"}
+    if sized:
+        conf["storage.tiers.first.sizes"] = "64g"
     for n in (1, count):
         root = os.path.join(base, f"topics-{n}")
-        store = Store.open(root, {"log.segment.bytes": "1m", "storage.tiers.first.sizes": "64g"})
+        store = Store.open(root, conf)
         for i in range(n):
             store.create_topic(f"t{i}", SCHEMA, partitions=1)
             store.topic(f"t{i}").append(ONE)
@@ -342,17 +347,19 @@ def report(args: argparse.Namespace, r: dict) -> str:
                      f"{v['append_p50'] / one['append_p50']:.2f}× (≤ 1.5×) | "
                      f"{v['read_per_partition'] * 1e6:.0f} µs (≤ 50 µs) |")
     t = r["topics"]
-    small, big = t["1"], t[max(t, key=int)]
-    lines += ["", f"**Topics** (a new segment; {int(max(t, key=int)):,} topics beside 1):", "",
-              "| figure | 1 topic | many | ratio |", "|---|---|---|---|",
-              f"| new segment, warm handle | {ms(small['new_segment_warm'])} | "
-              f"{ms(big['new_segment_warm'])} | "
-              f"{big['new_segment_warm'] / small['new_segment_warm']:.2f}× (≤ 2×) |",
-              f"| new segment, fresh handle | {ms(small['new_segment_fresh'])} | "
-              f"{ms(big['new_segment_fresh'])} | "
-              f"{big['new_segment_fresh'] / small['new_segment_fresh']:.2f}× (≤ 2×) |",
-              f"| `Store.open` + `topics()` | {ms(small['open_and_topics'])} | "
-              f"{ms(big['open_and_topics'])} | (≤ 100 ms) |"]
+    many = int(max(t, key=int))
+    lines += ["", f"**Topics** (a new segment; {many:,} topics beside 1; tier 1 sized by its "
+              "filesystem, the default, and of a fixed size, whose usage placement counts):",
+              "", "| figure | 1 topic | many | ratio |", "|---|---|---|---|"]
+    for label, t in (("default", r["topics"]), ("fixed size", r["topics_sized"])):
+        small, big = t["1"], t[str(many)]
+        for key, what in (("new_segment_warm", "warm handle"),
+                          ("new_segment_fresh", "fresh handle")):
+            lines.append(f"| new segment, {what}, {label} | {ms(small[key])} | {ms(big[key])} "
+                         f"| {big[key] / small[key]:.2f}× (≤ 2×) |")
+    small, big = r["topics"]["1"], r["topics"][str(many)]
+    lines.append(f"| `Store.open` + `topics()` | {ms(small['open_and_topics'])} | "
+                 f"{ms(big['open_and_topics'])} | (≤ 100 ms) |")
     m = r["memory"]
     lines += ["", f"**Memory**: reading {m['read_bytes'] / 1e9:.1f} GB start to end peaked at "
               f"{m['peak_rss'] / 2**30:.2f} GiB RSS (≈ 1 GiB at most)."]
@@ -374,6 +381,7 @@ def main() -> None:
     ap.add_argument("--topics", type=int_range(2, 10**6), default=2000)
     ap.add_argument("--read-gb", type=float, default=2.0)
     ap.add_argument("--default-write-gb", type=float, default=2.0)
+    ap.add_argument("--driver-partitions", type=int_range(1, 10**5), default=1024)
     add_output_args(ap)
     args = ap.parse_args()
     output = Output(args)
@@ -390,9 +398,11 @@ def main() -> None:
         print(r["partitions"], flush=True)
         r["topics"] = topics(base, args.topics)
         print(r["topics"], flush=True)
+        r["topics_sized"] = topics(base, args.topics, sized=True)
+        print(r["topics_sized"], flush=True)
         r["memory"] = memory(base, args.read_gb)
         print(r["memory"], flush=True)
-        r["driver"] = driver(base)
+        r["driver"] = driver(base, args.driver_partitions)
         print(r["driver"], flush=True)
         r["defaults"] = defaults(base, args.default_write_gb)
         print(r["defaults"], flush=True)

@@ -40,7 +40,8 @@ def tracked_state() -> tuple[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py", "soak.py",
-                                    "scaleout_bench.py", "perf_cli_bench.py"])
+                                    "scaleout_bench.py", "perf_cli_bench.py",
+                                    "scale_bench.py", "validation_bench.py"])
 def test_help(script):
     r = run(script, "--help")
     assert r.returncode == 0, r.stderr
@@ -283,4 +284,16 @@ def test_soak_smoke_run_passes_its_check_and_rewrites_no_tracked_file(tmp_path):
     assert f["reader"]["rows"] >= f["ids_committed"]
     assert (out / "soak.png").stat().st_size > 0
     assert "<!-- soak:start -->" in (out / "RESULTS.md").read_text()
+    assert tracked_state() == before
+
+
+def test_scale_bench_runs_every_scenario_small_and_rewrites_no_tracked_file():
+    before = tracked_state()
+    r = run("scale_bench.py", "--commits", "1000", "--partitions", "1,8", "--topics", "4",
+            "--read-gb", "0.01", "--default-write-gb", "0.01", "--driver-partitions", "8")
+    assert r.returncode == 0, r.stderr
+    for needle in ("## Scaling", "commit p50", "checkpoint bytes", "**Open**",
+                   "| 8 |", "fresh handle, default", "fixed size", "**Memory**",
+                   "**Spark driver** at 8 partitions", "**Defaults**"):
+        assert needle in r.stdout, needle
     assert tracked_state() == before
