@@ -1,13 +1,27 @@
-"""One partition's committed chunks as a growable numpy table: the rows read plans and
-lookups search, and the columns a checkpoint holds."""
+"""One partition's committed chunks: per segment, index pieces in the log and loose rows in
+memory; the rows read plans and lookups search, and what a checkpoint holds.
+
+Each segment's rows, in offset order, are its pieces (:mod:`tier_store.index_pieces`:
+immutable files of the log, read when first needed) followed by its loose rows: those
+committed since its last piece was cut. A checkpoint holds the loose rows and names the
+pieces; :meth:`ChunkIndex.cut_pieces` moves full blocks of loose rows into new pieces (and
+all of a sealed segment's), so that a checkpoint stays small however long the log.
+
+An index read from a checkpoint keeps its loose rows in the checkpoint's Arrow table until
+first used (``inline``), so opening a topic costs the same whatever its history: who only
+asks for offsets never pays for the chunks.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 
 from .entries import ChunkRecord
 from .ids import bundle_halves
+from .index_pieces import PIECE_ROWS, IndexPieces, PieceRef, piece_dir
 from .state_checks import check_chunk_rows
 
 NO_TIME = np.iinfo(np.int64).min
@@ -23,6 +37,7 @@ _OPTIONAL_COLUMNS = {"obj_hi": 0, "obj_lo": 0, "opos": -1}
 COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
 COLUMN_TYPES = {COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
                  for n in CHUNK_DTYPE.names if n not in _OPTIONAL_COLUMNS}
+_EMPTY = np.empty(0, CHUNK_DTYPE)
 
 
 def _row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
@@ -33,116 +48,262 @@ def _row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
             hi, lo, -1 if c.opos is None else c.opos)
 
 
-class ChunkIndex:
-    """One partition's committed chunks in offset order, as a growable numpy table.
+def table_rows(part: pa.Table, where: str) -> np.ndarray:
+    """The chunk rows of Arrow table ``part`` (a checkpoint's or a piece's), checked."""
+    n = part.num_rows
+    rows = np.empty(n, CHUNK_DTYPE)
+    for name in CHUNK_DTYPE.names:
+        col = COLUMNS.get(name, name)
+        if name in _OPTIONAL_COLUMNS and col not in part.column_names:
+            rows[name] = _OPTIONAL_COLUMNS[name]
+        else:
+            rows[name] = part.column(col).to_numpy()
+    check_chunk_rows(rows, where)  # before use: the rows index files
+    return rows
 
-    An index read from a checkpoint stays in the checkpoint's memory-mapped Arrow table until
-    first used, so that opening a topic costs the same whatever its history: who only asks
-    for offsets never pays for the chunks. Chunks committed after the checkpoint go to the
-    growable table meanwhile (the tail), and both are joined on first use of every row: a
-    handle that replays entries and commits never loads the checkpoint's rows.
-    """
 
-    loads = 0  # checkpoint parts materialized, in this process: tests count them
+def rows_table(rows: np.ndarray) -> pa.Table:
+    """Chunk ``rows`` as the Arrow table checkpoints and pieces store."""
+    return pa.table({COLUMNS.get(n, n): pa.array(rows[n]) for n in CHUNK_DTYPE.names})
 
-    def __init__(self, rows: np.ndarray | None = None,
-                 lazy: tuple[pa.Table, int, int, str] | None = None):
-        self._lazy = lazy
-        self._a = rows.copy() if rows is not None else np.empty(16, CHUNK_DTYPE)
-        self._lo = 0
-        self._hi = len(rows) if rows is not None else 0
 
-    def _materialize(self, lo: int, hi: int, extra: int = 0) -> np.ndarray:
-        """Rows ``[lo, hi)`` of the checkpoint part, checked, in a table with room for
-        ``extra`` more."""
-        table, start, _, where = self._lazy  # type: ignore[misc]
-        n = hi - lo
-        rows = np.empty(max(16, n + extra), CHUNK_DTYPE)
-        part = table.slice(start + lo, n)
-        for name in CHUNK_DTYPE.names:
-            col = COLUMNS.get(name, name)
-            if name in _OPTIONAL_COLUMNS and col not in part.column_names:
-                rows[name][:n] = _OPTIONAL_COLUMNS[name]
-            else:
-                rows[name][:n] = part.column(col).to_numpy()
-        check_chunk_rows(rows[:n], where)  # before use: the rows index files
-        return rows
+def _overlap(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
+    return rows[(rows["base"] + rows["records"] > start) & (rows["base"] < stop)]
 
-    def _load(self) -> None:
-        n = self._lazy[2]  # type: ignore[index]
-        tail = self._tail()
-        rows = self._materialize(0, n, len(tail))
-        rows[n:n + len(tail)] = tail
-        ChunkIndex.loads += 1
-        self._lazy = None
-        self._a, self._lo, self._hi = rows, 0, n + len(tail)
+
+def _in_order(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` (each in offset order) as one table in offset order."""
+    parts = [x for x in parts if len(x)]
+    if not parts:
+        return _EMPTY
+    rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    if len(parts) > 1 and (np.diff(rows["base"]) < 0).any():
+        rows = rows[np.argsort(rows["base"], kind="stable")]
+    return rows
+
+
+class SegmentRows:
+    """One segment's rows: its pieces, then its loose rows (a growable table)."""
+
+    def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
+        self.seq, self.tier = seq, tier
+        self.pieces = list(pieces)
+        self._a = np.empty(0, CHUNK_DTYPE)
+        self._n = 0
+        self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
+        self.end = max((r.end for r in self.pieces), default=-1)
+
+    def loose(self) -> np.ndarray:
+        return self._a[:self._n]
 
     def __len__(self) -> int:
-        return (self._lazy[2] if self._lazy is not None else 0) + self._hi - self._lo
+        return sum(r.rows for r in self.pieces) + self._n
+
+    def add(self, rows: np.ndarray) -> None:
+        """Append ``rows`` (after every row here) to the loose rows."""
+        if self._n + len(rows) > len(self._a):
+            grown = np.empty(max(16, 2 * (self._n + len(rows))), CHUNK_DTYPE)
+            grown[:self._n] = self.loose()
+            self._a = grown
+        self._a[self._n:self._n + len(rows)] = rows
+        self._n += len(rows)
+        if len(rows):
+            first = int(rows["base"][0])
+            self.base = first if self.base < 0 else min(self.base, first)
+            self.end = max(self.end, int(rows["base"][-1] + rows["records"][-1]))
+
+    def prepend(self, rows: np.ndarray) -> None:
+        """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
+        tail = self.loose().copy()
+        self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
+        self.add(rows)
+        self.add(tail)
+
+    def keep_loose(self, rows: np.ndarray) -> None:
+        self._a, self._n = rows.copy(), len(rows)
+
+
+class ChunkIndex:
+    """One partition's committed chunks in offset order (see the module)."""
+
+    loads = 0  # checkpoint rows or whole indexes materialized in this process: tests count
+
+    def __init__(self, partition: int = 0, pieces: IndexPieces | None = None,
+                 inline: tuple[pa.Table, int, int, str] | None = None,
+                 segments: Iterable[SegmentRows] = ()):
+        self.partition = partition
+        self.source = pieces if pieces is not None else IndexPieces()
+        self._inline = inline if inline is not None and inline[2] else None
+        self._segs: dict[int, SegmentRows] = {s.seq: s for s in segments}
+        self._all: np.ndarray | None = None  # every row, once asked for (kept up to date)
+        self._all_n = 0
+
+    # -- reading pieces and checkpoint rows -----------------------------------------------
+    def _piece(self, seg: SegmentRows, ref: PieceRef) -> np.ndarray:
+        def decode(table: pa.Table, where: str) -> np.ndarray:
+            rows = table_rows(table, where)
+            if len(rows) != ref.rows or (rows["seq"] != seg.seq).any() or \
+                    int(rows["base"][0]) != ref.base or \
+                    int(rows["base"][-1] + rows["records"][-1]) != ref.end or \
+                    int(rows["ts"].min()) != ref.ts_min or int(rows["ts"].max()) != ref.ts_max:
+                from .errors import CorruptLog
+                raise CorruptLog(f"index piece {where} does not hold the rows its checkpoint "
+                                 f"names (segment {self.partition}-{seg.seq}, {ref})")
+            return rows
+        return self.source.load(piece_dir(self.partition, seg.seq, seg.tier), ref, decode)
+
+    def _split(self) -> None:
+        """Give the checkpoint's loose rows to their segments."""
+        if self._inline is None:
+            return
+        table, start, n, where = self._inline
+        rows = table_rows(table.slice(start, n), where)
+        ChunkIndex.loads += 1
+        seqs = rows["seq"]
+        for seq in np.unique(seqs).tolist():
+            seg = self._segs.get(seq)
+            if seg is None:  # the checkpoint's check ties rows to its segments
+                from .errors import CorruptLog
+                raise CorruptLog(f"checkpoint {where} is malformed: partition "
+                                 f"{self.partition} has chunks of segment {seq}, which it "
+                                 "does not list")
+            seg.prepend(rows[seqs == seq])
+        self._inline = None
+
+    def segment_rows(self, seq: int) -> np.ndarray:
+        """Segment ``seq``'s rows, in offset order (empty if it has none)."""
+        self._split()
+        seg = self._segs.get(seq)
+        if seg is None:
+            return _EMPTY
+        return _in_order([*(self._piece(seg, r) for r in seg.pieces), seg.loose()])
+
+    def __len__(self) -> int:
+        n = self._inline[2] if self._inline is not None else 0
+        return n + sum(len(s) for s in self._segs.values())
 
     def rows(self) -> np.ndarray:
-        """The committed chunks, in offset order (a view: do not modify)."""
-        if self._lazy is not None:
-            self._load()
-        return self._a[self._lo:self._hi]
+        """Every committed chunk, in offset order (a view: do not modify). Reads every
+        piece: for tools and checks; read plans use :meth:`overlapping`."""
+        if self._all is None:
+            self._split()
+            segs = sorted(self._segs.values(), key=lambda s: s.base)
+            rows = _in_order([self.segment_rows(s.seq) for s in segs])
+            ChunkIndex.loads += 1
+            self._all, self._all_n = rows.copy(), len(rows)
+        return self._all[:self._all_n]
 
-    def _tail(self) -> np.ndarray:
-        return self._a[self._lo:self._hi]
+    def overlapping(self, start: int, stop: int) -> np.ndarray:
+        """The chunks holding any offset of ``[start, stop)``, in offset order: only the
+        pieces that span those offsets are read."""
+        if self._all is not None:
+            rows = self.rows()
+            i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
+            j = int(np.searchsorted(rows["base"], stop, side="left"))
+            return _overlap(rows[i:j], start, stop)
+        self._split()
+        parts = []
+        for seg in self._segs.values():
+            if seg.base < 0 or seg.end <= start or seg.base >= stop:
+                continue
+            parts.extend(self._piece(seg, r) for r in seg.pieces
+                         if r.end > start and r.base < stop)
+            parts.append(_overlap(seg.loose(), start, stop))
+        return _overlap(_in_order(parts), start, stop)
 
+    def committed_since(self, ts: int) -> np.ndarray:
+        """Rows committed at or after ``ts``, in offset order: only the pieces committed
+        since then are read, and of a checkpoint's rows not split yet, only those."""
+        parts = []
+        if self._inline is not None:
+            table, start, n, where = self._inline
+            times = table.column("ts").slice(start, n).to_numpy()
+            first = int(np.searchsorted(times, ts, side="left"))
+            if first < n:
+                parts.append(table_rows(table.slice(start + first, n - first), where))
+        for seg in self._segs.values():
+            parts.extend(self._piece(seg, r) for r in seg.pieces if r.ts_max >= ts)
+            loose = seg.loose()
+            parts.append(loose[loose["ts"] >= ts])
+        rows = _in_order(parts)
+        return rows[rows["ts"] >= ts]
 
+    # -- changes (replay) -----------------------------------------------------------------
     def append(self, c: ChunkRecord, ts: int) -> None:
         """Add chunk ``c``, committed at ``ts`` (after every chunk already here)."""
-        if self._hi == len(self._a):
-            live = self._tail()
-            grown = np.empty(max(16, 2 * len(live)), CHUNK_DTYPE)
-            grown[: len(live)] = live
-            self._a, self._lo, self._hi = grown, 0, len(live)
-        self._a[self._hi] = _row(c, ts)
-        self._hi += 1
+        row = np.array([_row(c, ts)], CHUNK_DTYPE)
+        seg = self._segs.get(c.seq)
+        if seg is None:
+            seg = self._segs[c.seq] = SegmentRows(c.seq, c.tier)
+        seg.add(row)
+        if self._all is not None:
+            if self._all_n == len(self._all):
+                grown = np.empty(max(16, 2 * self._all_n), CHUNK_DTYPE)
+                grown[:self._all_n] = self._all[:self._all_n]
+                self._all = grown
+            self._all[self._all_n] = row[0]
+            self._all_n += 1
 
     def drop_segments(self, seqs: set[int]) -> None:
         """Remove the chunks of segments ``seqs`` (deleted by retention)."""
-        rows = self.rows()
-        keep = ~np.isin(rows["seq"], list(seqs))
-        if keep.all():
-            return
-        kept = rows[keep]
-        self._a = kept.copy() if len(kept) else np.empty(16, CHUNK_DTYPE)
-        self._lo, self._hi = 0, len(kept)
+        self._split()
+        for s in seqs:
+            self._segs.pop(s, None)
+        self._all = None
 
-    def replace_segments(self, seqs: set[int], new: list[ChunkRecord], ts_of: np.ndarray) -> None:
-        """Swap the chunks of ``seqs`` for ``new`` (same offsets, new positions)."""
-        rows = self.rows()
-        mask = np.isin(rows["seq"], list(seqs))
-        old = rows[mask]
+    def replace_segments(self, seqs: set[int], new: list[ChunkRecord], seq: int, tier: int
+                         ) -> None:
+        """Swap the chunks of ``seqs`` for ``new`` (same offsets, new positions), segment
+        ``seq`` on ``tier``. Reads the sources' pieces: timestamps travel with offsets."""
+        old = _in_order([self.segment_rows(s) for s in seqs])
         repl = np.empty(len(new), CHUNK_DTYPE)
         for i, c in enumerate(new):
             repl[i] = _row(c, 0)
-        # Timestamps travel with the offsets they belong to.
-        order = np.searchsorted(old["base"], repl["base"])
-        repl["ts"] = old["ts"][np.clip(order, 0, max(0, len(old) - 1))] if len(old) else ts_of
-        merged = np.concatenate([rows[~mask], repl])
-        merged.sort(order="base", kind="stable")
-        self._a, self._lo, self._hi = merged, 0, len(merged)
+        repl.sort(order="base", kind="stable")
+        if len(old):
+            at = np.searchsorted(old["base"], repl["base"])
+            repl["ts"] = old["ts"][np.clip(at, 0, len(old) - 1)]
+        for s in seqs:
+            self._segs.pop(s, None)
+        seg = self._segs[seq] = SegmentRows(seq, tier)
+        seg.add(repl)
+        self._all = None
 
-    def committed_since(self, ts: int) -> np.ndarray:
-        """Rows committed at or after ``ts`` (rows are in commit order, ``ts`` monotonic).
-        Of a checkpoint part not loaded yet, only those rows are read (every commit asks)."""
-        if self._lazy is None:
-            rows = self.rows()
-            return rows[int(np.searchsorted(rows["ts"], ts, side="left")):]
-        table, start, n, _ = self._lazy
-        times = table.column("ts").slice(start, n).to_numpy()
-        first = int(np.searchsorted(times, ts, side="left"))
-        tail = self._tail()
-        tail = tail[int(np.searchsorted(tail["ts"], ts, side="left")):]
-        if first == n:
-            return tail
-        return np.concatenate([self._materialize(first, n)[:n - first], tail])
+    # -- checkpoints ----------------------------------------------------------------------
+    def cut_pieces(self, sealed: Callable[[int], bool], put: Callable[[str, pa.Table], str]
+                   ) -> None:
+        """Move loose rows into new pieces (``put(folder, table)`` stores one and names it):
+        every full block of :data:`PIECE_ROWS`, and the rest of each segment ``sealed``
+        says is written no more."""
+        self._split()
+        for seg in self._segs.values():
+            loose = seg.loose()
+            stop = len(loose) if sealed(seg.seq) else len(loose) // PIECE_ROWS * PIECE_ROWS
+            if not stop:
+                continue
+            folder = piece_dir(self.partition, seg.seq, seg.tier)
+            for at in range(0, stop, PIECE_ROWS):
+                block = loose[at:min(stop, at + PIECE_ROWS)].copy()
+                name = put(folder, rows_table(block))
+                ref = PieceRef(name, len(block), int(block["base"][0]),
+                               int(block["base"][-1] + block["records"][-1]),
+                               int(block["ts"].min()), int(block["ts"].max()))
+                seg.pieces.append(ref)
+                self.source.keep((self.source.where(folder, name), name), block)
+            seg.keep_loose(loose[stop:])
 
-    def locate(self, offset: int) -> int:
-        """Index (into :meth:`rows`) of the chunk holding ``offset``."""
-        return int(np.searchsorted(self.rows()["base"], offset, side="right")) - 1
+    def loose_rows(self) -> np.ndarray:
+        """The rows no piece holds, in offset order (what a checkpoint keeps inline)."""
+        if self._inline is not None:
+            table, start, n, where = self._inline
+            appended = [s.loose() for s in self._segs.values()]
+            return _in_order([table_rows(table.slice(start, n), where), *appended])
+        return _in_order([s.loose() for s in self._segs.values()])
+
+    def pieces_of(self, seq: int) -> list[PieceRef]:
+        seg = self._segs.get(seq)
+        return list(seg.pieces) if seg is not None else []
 
 
-__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex"]
+__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex", "SegmentRows",
+           "rows_table", "table_rows"]

@@ -44,6 +44,7 @@ import xxhash
 from .crash import crash_point
 from .entries import CreateEntry, Entry, decode
 from .errors import CorruptLog, TopicNotFound
+from .index_pieces import PiecesGone
 from .logstore import LogStore, PosixLogStore
 from .state import TopicState
 
@@ -198,6 +199,7 @@ class CommitLog:
                             self.topic, self.path, cp, state.version)
         if state is None:
             state = TopicState(self.topic)
+            state.index.store = self.store
             if not self.store.contains(0):
                 raise TopicNotFound(f"topic {self.topic!r}: commit log {self.path} is empty")
         return self._learn(self.refresh(state))
@@ -209,7 +211,16 @@ class CommitLog:
             v = state.version + 1
             entry = self.read_entry(v, state.topic_id if v else "")
             if entry is not None:
-                state.apply(v, entry, self.store.entry_location(v))
+                try:
+                    state.apply(v, entry, self.store.entry_location(v))
+                except PiecesGone as e:
+                    # A move's sources were collected: only after a checkpoint past it.
+                    loaded = self._newer_checkpoint(state.version)
+                    if loaded is None:
+                        raise CorruptLog(f"topic {self.topic!r}: entry "
+                                         f"{self.store.entry_location(v)} cannot be "
+                                         f"replayed: {e}") from None
+                    state = loaded
                 continue
             # No entry v: either nothing new, or old entries were cleaned up behind a
             # checkpoint newer than this handle. Entries are deleted in ascending order, so
@@ -227,6 +238,14 @@ class CommitLog:
             if state.version < 0:
                 raise TopicNotFound(f"topic {self.topic!r}: no readable commit log at {self.path}")
             return self._learn(state)
+
+    def _newer_checkpoint(self, version: int) -> TopicState | None:
+        """The checkpoint the pointer names, or the newest one, if newer than ``version``."""
+        cp = self.last_checkpoint()
+        loaded = self._read_checkpoint(cp) if cp is not None and cp > version else None
+        if loaded is None:
+            loaded = self._newest_checkpoint()
+        return loaded if loaded is not None and loaded.version > version else None
 
     def _newest_checkpoint(self) -> TopicState | None:
         """The newest readable checkpoint, found by listing (only when the pointer cannot be
@@ -247,7 +266,11 @@ class CommitLog:
             data = self.store.read_checkpoint(version)
         except OSError as e:
             raise CorruptLog(f"checkpoint {where} is unreadable: {e}") from None
-        return None if data is None else decode_checkpoint(data, version, self.topic, where)
+        if data is None:
+            return None
+        state = decode_checkpoint(data, version, self.topic, where)
+        state.index.store = self.store
+        return state
 
     # -- checkpoints and cleanup ----------------------------------------------------------
     def write_checkpoint(self, state: TopicState, grace_ms: int) -> None:
@@ -255,8 +278,10 @@ class CommitLog:
         previous = self.last_checkpoint()
         if previous is not None and previous >= state.version:
             return
-        self.store.write_checkpoint(state.version,
-                                    encode_checkpoint(state.to_checkpoint(), state.version))
+        state.index.store = self.store
+        table = state.to_checkpoint(put=state.index.put)
+        crash_point("checkpoint.pieces")
+        self.store.write_checkpoint(state.version, encode_checkpoint(table, state.version))
         crash_point("checkpoint.pointer")
         # Others may have written newer checkpoints meanwhile, and cleaned up behind them
         # (ours included): the store never moves the pointer back.

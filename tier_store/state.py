@@ -26,13 +26,14 @@ twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from .chunk_index import CHUNK_DTYPE, COLUMN_TYPES, COLUMNS, NO_TIME, ChunkIndex
+from .chunk_index import CHUNK_DTYPE, COLUMN_TYPES, NO_TIME, ChunkIndex, SegmentRows, rows_table
 from .entries import (
     AppendEntry,
     ConfigEntry,
@@ -46,6 +47,7 @@ from .entries import (
     schema_to_text,
 )
 from .errors import CorruptLog
+from .index_pieces import IndexPieces, PieceRef
 from .layout import segment_id
 from .state_checks import check_checkpoint_meta, entry_problem
 
@@ -105,9 +107,12 @@ class TopicState:
     segments: dict[str, SegmentState] = field(default_factory=dict)
     writers: dict[str, int] = field(default_factory=dict)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
-    # "<id>@<tier>" -> [tier, ts of the delete or move] of segment files no longer
-    # referenced, reclaimed after the grace period
+    # "<id>@<tier>" -> [tier, ts of the delete or move, its version] of segment files no
+    # longer referenced, reclaimed after the grace period (no version: read from a
+    # checkpoint written before index pieces)
     tombstones: dict[str, list[int]] = field(default_factory=dict)
+    # Where the chunk indexes read their pieces (the log this state was read from).
+    index: IndexPieces = field(default_factory=IndexPieces)
 
     def part(self, p: int) -> PartitionState:
         """Partition ``p``'s state."""
@@ -163,9 +168,9 @@ class TopicState:
         elif isinstance(entry, AppendEntry):
             self._apply_append(entry)
         elif isinstance(entry, DeleteEntry):
-            self._apply_delete(entry)
+            self._apply_delete(entry, version)
         elif isinstance(entry, MoveEntry):
-            self._apply_move(entry)
+            self._apply_move(entry, version)
         elif isinstance(entry, PartitionsEntry):
             self._grow(entry.partitions)
         elif isinstance(entry, PositionEntry):
@@ -186,7 +191,8 @@ class TopicState:
 
     def _grow(self, partitions: int) -> None:
         while self.partitions < partitions:
-            self.parts.append(PartitionState(self.partitions))
+            self.parts.append(PartitionState(self.partitions,
+                                             chunks=ChunkIndex(self.partitions, self.index)))
             self.partitions += 1
 
     def _apply_append(self, e: AppendEntry) -> None:
@@ -211,13 +217,13 @@ class TopicState:
         if e.writer is not None and e.batch is not None:
             self.writers[e.writer] = max(self.writers.get(e.writer, -1), e.batch)
 
-    def _apply_delete(self, e: DeleteEntry) -> None:
+    def _apply_delete(self, e: DeleteEntry, version: int) -> None:
         by_part: dict[int, set[int]] = {}
         for sid in e.segments:
             seg = self._drop_segment(sid)
             if seg is None:
                 continue
-            self.tombstones[f"{sid}@{seg.tier}"] = [seg.tier, e.ts]
+            self.tombstones[f"{sid}@{seg.tier}"] = [seg.tier, e.ts, version]
             by_part.setdefault(seg.partition, set()).add(seg.seq)
         for p, seqs in by_part.items():
             part = self.parts[p]
@@ -225,13 +231,17 @@ class TopicState:
             remaining = [s.base for s in part.segments.values()]
             part.start_offset = min(remaining) if remaining else part.next_offset
 
-    def _apply_move(self, e: MoveEntry) -> None:
-        # entry_problem checked that the log holds every source.
+    def _apply_move(self, e: MoveEntry, version: int) -> None:
+        # entry_problem checked that the log holds every source, and read their rows: the
+        # new rows' timestamps come from them (PiecesGone, before any change, if it could
+        # not).
+        self.parts[e.partition].chunks.replace_segments(set(e.sources), list(e.chunks),
+                                                        e.seq, e.tier)
         olds = [self._drop_segment(segment_id(e.partition, s)) for s in e.sources]
         assert all(o is not None for o in olds)
         for old in olds:
             if old is not None and not (old.seq == e.seq and old.tier == e.tier):
-                self.tombstones[f"{old.id}@{old.tier}"] = [old.tier, e.ts]
+                self.tombstones[f"{old.id}@{old.tier}"] = [old.tier, e.ts, version]
         new = SegmentState(
             e.partition, e.seq, e.tier, min(o.base for o in olds if o),
             max(o.end for o in olds if o), sum(c.records for c in e.chunks),
@@ -239,9 +249,6 @@ class TopicState:
             len(e.chunks), min(o.first_ts for o in olds if o), max(o.last_ts for o in olds if o))
         self._add_segment(new)
         self.tombstones.pop(f"{new.id}@{new.tier}", None)
-        self.parts[e.partition].chunks.replace_segments({o.seq for o in olds if o},
-                                                        list(e.chunks),
-                                          np.zeros(len(e.chunks), np.int64))
 
     # -- queries ------------------------------------------------------------------------
     def partition_segments(self, p: int) -> list[SegmentState]:
@@ -249,31 +256,44 @@ class TopicState:
         return self.parts[p].by_base()
 
     # -- checkpoints --------------------------------------------------------------------
-    def to_checkpoint(self) -> pa.Table:
-        """The whole state as one Arrow table: chunk rows, the rest as schema metadata."""
+    def to_checkpoint(self, put: Callable[[str, pa.Table], str] | None = None) -> pa.Table:
+        """The state as one Arrow table: the chunk rows no index piece holds, the rest as
+        schema metadata. With ``put`` (which stores a piece, see
+        :mod:`tier_store.index_pieces`), full blocks of rows and the rows of sealed segments
+        are cut into pieces first, and the checkpoint names them."""
+        if put is not None:
+            for part in self.parts:
+                live = _live_segments(part)
+                part.chunks.cut_pieces(lambda seq, live=live: seq not in live, put)
+        segments = []
+        for s in self.segments.values():
+            d = _segment_json(s)
+            d["pieces"] = [r.to_json() for r in self.parts[s.partition].chunks.pieces_of(s.seq)]
+            segments.append(d)
+        loose = [q.chunks.loose_rows() for q in self.parts]
         meta = {
+            "format": 2,
             "name": self.name, "version": self.version,
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "partitions": self.partitions, "config": self.config,
             "created_ts": self.created_ts, "last_ts": self.last_ts,
             "topic_id": self.topic_id,
             "next_offset": self.next_offset, "start_offset": self.start_offset,
-            "segments": [_segment_json(s) for s in self.segments.values()],
+            "segments": segments,
             "writers": self.writers, "positions": self.positions,
             "tombstones": self.tombstones,
-            "chunk_counts": [len(c) for c in self.chunks],
+            "chunk_counts": [len(x) for x in loose],
         }
-        rows = np.concatenate([q.chunks.rows() for q in self.parts]) if self.parts \
-            else np.empty(0, CHUNK_DTYPE)
-        cols = {COLUMNS.get(name, name): pa.array(rows[name]) for name in CHUNK_DTYPE.names}
-        table = pa.table(cols)
+        rows = np.concatenate(loose) if loose else np.empty(0, CHUNK_DTYPE)
+        table = rows_table(rows)
         return table.replace_schema_metadata({b"pafka.state": json.dumps(meta).encode()})
 
     @classmethod
     def from_checkpoint(cls, table: pa.Table, where: str, version: int | None = None,
                         topic: str | None = None) -> TopicState:
         """The state checkpoint ``where`` holds (``table``); :class:`CorruptLog` naming it if
-        it is malformed, or is not ``version`` of ``topic`` (when given)."""
+        it is malformed, or is not ``version`` of ``topic`` (when given). A checkpoint
+        written before index pieces (no ``format``) holds every row inline."""
         try:
             meta = json.loads(table.schema.metadata[b"pafka.state"])
             check_checkpoint_meta(meta, table, COLUMN_TYPES, version, topic)
@@ -286,19 +306,37 @@ class TopicState:
             st.topic_id = meta["topic_id"]
             nexts, starts = meta["next_offset"], meta["start_offset"]
             counts = meta["chunk_counts"]
+            rows_of: list[list[SegmentRows]] = [[] for _ in range(st.partitions)]
+            segs = []
+            for s in meta["segments"]:
+                s = dict(s)
+                pieces = [PieceRef.from_json(r, where) for r in s.pop("pieces", [])]
+                segs.append(SegmentState(**s))
+                rows_of[segs[-1].partition].append(SegmentRows(s["seq"], s["tier"], pieces))
             at = 0
             for p in range(st.partitions):
-                st.parts.append(PartitionState(p, nexts[p], starts[p],
-                                               ChunkIndex(lazy=(table, at, counts[p], where))))
+                st.parts.append(PartitionState(p, nexts[p], starts[p], ChunkIndex(
+                    p, st.index, (table, at, counts[p], where), rows_of[p])))
                 at += counts[p]
-            for s in meta["segments"]:
-                st._add_segment(SegmentState(**s))
+            for seg in segs:
+                st._add_segment(seg)
             st.writers, st.positions = meta["writers"], meta["positions"]
             st.tombstones = meta["tombstones"]
         except (KeyError, TypeError, ValueError, IndexError, AttributeError,
                 RecursionError) as e:
             raise CorruptLog(f"checkpoint {where} is malformed: {e}") from None
         return st
+
+
+def _live_segments(part: PartitionState) -> set[int]:
+    """The segments of ``part`` that may still be written: each host's (one, on a store
+    not shared) with the highest offsets. The others are sealed: their rows go to pieces."""
+    newest: dict[str | None, SegmentState] = {}
+    for s in part.segments.values():
+        top = newest.get(s.host)
+        if top is None or s.base > top.base:
+            newest[s.host] = s
+    return {s.seq for s in newest.values()}
 
 
 def _segment_json(s: SegmentState) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from .entries import (
 )
 from .errors import ConfigError, CorruptLog
 from .ids import SegmentId, check_host
+from .index_pieces import PieceRef
 from .segment import HEADER_SIZE
 
 if TYPE_CHECKING:
@@ -115,10 +116,11 @@ def _move_problem(st: TopicState, e: MoveEntry) -> str | None:
         if (c.partition, c.seq, c.tier) != (e.partition, e.seq, e.tier) or c.pos < HEADER_SIZE:
             return (f"names a chunk of segment {c.partition}-{c.seq} on tier {c.tier} at byte "
                     f"{c.pos}, not in segment {e.partition}-{e.seq} on tier {e.tier}")
-    rows = part.chunks.rows()
-    old = rows[np.isin(rows["seq"], list(e.sources))]
-    if sorted((c.base, c.records) for c in e.chunks) != \
-            sorted(zip(old["base"].tolist(), old["records"].tolist(), strict=True)):
+    # The sources' rows only (their pieces are read, and kept for the move's replay).
+    olds = [part.chunks.segment_rows(q) for q in e.sources]
+    kept = sorted(pair for rows in olds
+                  for pair in zip(rows["base"].tolist(), rows["records"].tolist(), strict=True))
+    if sorted((c.base, c.records) for c in e.chunks) != kept:
         return "does not keep the offsets of the segments it moves"
     return None
 
@@ -145,6 +147,9 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     """``ValueError`` naming the first field of a checkpoint's state that is malformed, or
     that says it is not ``version`` of ``topic``; ``columns``: the chunk columns it needs."""
     _typed("the state", meta, dict)
+    fmt = meta.get("format", 1)
+    if fmt not in (1, 2) or isinstance(fmt, bool):
+        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 and 2")
     if _typed("name", meta["name"], str) != topic and topic is not None:
         raise ValueError(f"it is the checkpoint of topic {meta['name']!r}, not {topic!r}")
     if _int("version", meta["version"], 0) != version and version is not None:
@@ -173,9 +178,11 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
         if i < 0 or table.schema.field(i).type != kind or table.column(i).null_count:
             raise ValueError(f"column {name!r} is missing, not {kind}, or holds nulls")
     seen = set()
+    fields = sorted(_SEGMENT_FIELDS + (("pieces",) if fmt == 2 else ()))
+    in_pieces = [0] * n
     for s in _typed("segments", meta["segments"], list):
-        if not isinstance(s, dict) or sorted(set(s) - {"host"}) != sorted(_SEGMENT_FIELDS):
-            raise ValueError(f"a segment is {s!r}, not an object of {', '.join(_SEGMENT_FIELDS)}"
+        if not isinstance(s, dict) or sorted(set(s) - {"host"}) != fields:
+            raise ValueError(f"a segment is {s!r}, not an object of {', '.join(fields)}"
                              " (and host)")
         if "host" in s:
             check_host(s["host"], "a segment's host")
@@ -186,7 +193,13 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
         if (s["partition"], s["seq"]) in seen:
             raise ValueError(f"segment {s['partition']}-{s['seq']} is listed twice")
         seen.add((s["partition"], s["seq"]))
-    _check_segments_cover(meta["segments"], lists)
+        for r in _typed("a segment's pieces", s.get("pieces", []), list):
+            ref = PieceRef.from_json(r, "")
+            if not s["base"] <= ref.base < ref.end <= s["end"]:
+                raise ValueError(f"index piece {r!r} lies outside segment {s['partition']}-"
+                                 f"{s['seq']}'s offsets [{s['base']}, {s['end']})")
+            in_pieces[s["partition"]] += ref.rows
+    _check_segments_cover(meta["segments"], lists, in_pieces)
     for k, v in _typed("writers", meta["writers"], dict).items():
         _int(f"writer {k!r}'s batch", v)
     for group, offs in _typed("positions", meta["positions"], dict).items():
@@ -197,14 +210,18 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     for key, v in _typed("tombstones", meta["tombstones"], dict).items():
         sid, _, tier = key.rpartition("@")
         SegmentId.parse(sid)
-        if not (isinstance(v, list) and len(v) == 2 and tier == str(_int("a tombstone's tier",
-                                                                          v[0], 1))):
+        if not (isinstance(v, list) and len(v) in (2, 3)
+                and tier == str(_int("a tombstone's tier", v[0], 1))):
             raise ValueError(f"tombstone {key!r} is {v!r}")
         _int("a tombstone's time", v[1])
+        if len(v) == 3:
+            _int("a tombstone's version", v[2])
 
 
-def _check_segments_cover(segments: list[dict[str, Any]], lists: list[list[int]]) -> None:
-    """Per partition, the segments hold the chunks counted and lie within its offsets."""
+def _check_segments_cover(segments: list[dict[str, Any]], lists: list[list[int]],
+                          in_pieces: list[int]) -> None:
+    """Per partition, the segments hold the chunks counted (inline and in pieces) and lie
+    within its offsets."""
     nexts, starts, counts = lists
     chunks = [0] * len(counts)
     for s in segments:
@@ -215,9 +232,10 @@ def _check_segments_cover(segments: list[dict[str, Any]], lists: list[list[int]]
             raise ValueError(f"segment {p}-{s['seq']} holds offsets [{s['base']}, {s['end']}) "
                              f"({s['records']} records), outside its partition's "
                              f"[{starts[p]}, {nexts[p]})")
-    if chunks != counts:
-        raise ValueError(f"the segments hold {chunks} chunks per partition, the chunk counts "
-                         f"say {counts}")
+    counted = [a + b for a, b in zip(counts, in_pieces, strict=True)]
+    if chunks != counted:
+        raise ValueError(f"the segments hold {chunks} chunks per partition, the checkpoint "
+                         f"{counted} (inline and in index pieces)")
 
 
 def check_chunk_rows(rows: np.ndarray, where: str) -> None:

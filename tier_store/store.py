@@ -43,7 +43,7 @@ from .errors import (
     TopicNotFound,
 )
 from .layout import MIGRATION_FILE, check_topic_name
-from .maintenance import deletion, eviction, garbage, housekeeping
+from .maintenance import deletion, eviction, garbage, housekeeping, pieces
 from .maintenance.bundles import reclaim_bundles
 from .maintenance.check import CheckReport, check_named, readable_states
 from .maintenance.eviction import Evicted
@@ -340,9 +340,9 @@ class Store:
             claim_tier(self.root, self.id, tier.number, claim_of(tier.number, tier.path))
 
     def collect_garbage(self, topic: Topic, bundles: bool = False) -> int:
-        """Reclaim unreferenced segment files of ``topic`` past the grace period, and with
-        ``bundles`` its bundles no chunk names (:mod:`tier_store.maintenance.bundles`)."""
-        return garbage.collect_garbage(topic) + (reclaim_bundles(topic) if bundles else 0)
+        """Reclaim ``topic``'s unreferenced files and index pieces; ``bundles``: bundles too."""
+        n = garbage.collect_garbage(topic) + pieces.collect_pieces(topic)
+        return n + (reclaim_bundles(topic) if bundles else 0)
 
     def compactable(self, topic: str) -> set[str]:
         """On a shared store, the ids of ``topic``'s segments on some host's tier 1 that a

@@ -39,12 +39,9 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
     chunks: list[PlannedChunk] = []
     if start >= stop:
         return max(start, stop), chunks
-    rows = part.chunks.rows()
+    sel = part.chunks.overlapping(start, stop)  # reads only the pieces spanning them
     segs = part.segments
     paths: dict[int, str] = {}  # a segment holds many chunks
-    i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
-    j = int(np.searchsorted(rows["base"], stop, side="left"))
-    sel = rows[i:j]
     for seq, pos, length, base, n, ts, crc, hi, lo, opos in zip(
             sel["seq"].tolist(), sel["pos"].tolist(), sel["length"].tolist(),
             sel["base"].tolist(), sel["records"].tolist(), sel["ts"].tolist(),
@@ -64,12 +61,11 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
 
 def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
     """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
-    rows = st.part(p).chunks.rows()
-    if end <= start or not len(rows):
+    if end <= start:
         return 0
+    rows = st.part(p).chunks.overlapping(start, end)
     base = rows["base"]
-    i = max(0, int(base.searchsorted(start, side="right")) - 1)
-    j = int(base.searchsorted(end, side="left"))
+    i, j = 0, len(rows)
     if j - i <= 8:  # a few chunks (a driver asks per partition per batch): no array math
         total = 0.0
         for b, n, length in zip(base[i:j].tolist(), rows["records"][i:j].tolist(),

@@ -188,3 +188,26 @@ class LogStore(abc.ABC):
         """Delete what writers staged and never published (left by a crash) if written
         before ``older_than`` (seconds since the epoch); returns how many. A store that
         stages nothing returns 0."""
+
+    # -- index pieces ---------------------------------------------------------------------
+    # Immutable files named by their content, in folders of one segment each
+    # (:mod:`tier_store.index_pieces`). ``folder`` and ``name`` are made by that module from
+    # validated integers and a digest; a store does not check them again.
+    @abc.abstractmethod
+    def put_piece(self, folder: str, name: str, data: bytes) -> None:
+        """Store ``data`` as piece ``name`` of ``folder``, durably, unless it is there
+        already (then the bytes there are the same: the name is their digest)."""
+
+    @abc.abstractmethod
+    def read_piece(self, folder: str, name: str) -> Blob | None:
+        """The bytes of piece ``name`` of ``folder``; None if it is not there."""
+
+    @abc.abstractmethod
+    def piece_folders(self) -> list[tuple[str, float]]:
+        """Every piece folder (its name within the index directory) and when it last
+        changed (seconds since the epoch): one listing of the index directory."""
+
+    @abc.abstractmethod
+    def delete_piece_folder(self, folder: str) -> int:
+        """Delete ``folder`` and its pieces; returns how many pieces went."""
+

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 
 from ..crash import crash_point
 from ..errors import StoreFull, TopicDeleted
+from ..index_pieces import INDEX_DIR
 from ..layout import (
     CHECKPOINT_SUFFIX,
     LAST_CHECKPOINT,
@@ -210,4 +211,28 @@ class ObjectLogStore(LogStore):
 
     def discard_temporaries(self, older_than: float) -> int:
         return 0  # nothing is staged: a PUT is whole or absent
+
+    # -- index pieces ---------------------------------------------------------------------
+    def put_piece(self, folder: str, name: str, data: bytes) -> None:
+        try:
+            self.objects.put_if_absent(f"{folder}/{name}", data)  # False: already there
+        except StoreFull as e:
+            raise StoreFull(f"topic {self.topic!r}: index piece {folder}/{name} was not "
+                            f"written: {e}") from None
+
+    def read_piece(self, folder: str, name: str) -> Blob | None:
+        return self.objects.get(f"{folder}/{name}")
+
+    def piece_folders(self) -> list[tuple[str, float]]:
+        # One listing of the index's keys: a folder's time is its newest piece's.
+        newest: dict[str, float] = {}
+        for info in self.objects.list(INDEX_DIR):
+            parts = info.key.split("/")
+            if len(parts) == 3:
+                newest[parts[1]] = max(newest.get(parts[1], 0.0), info.mtime)
+        return sorted(newest.items())
+
+    def delete_piece_folder(self, folder: str) -> int:
+        keys = [info.key for info in self.objects.list(folder)]
+        return self.objects.delete(keys) if keys else 0
 

@@ -46,9 +46,10 @@ from ..layout import (
 )
 from ..tiers import NO_SPACE
 from .base import Blob, LogFile, LogStore
+from .posix_pieces import PosixPieces
 
 
-class PosixLogStore(LogStore):
+class PosixLogStore(PosixPieces, LogStore):
     """The ``_log/`` directory of one topic (see the module for its files)."""
 
     def __init__(self, path: str, topic: str):

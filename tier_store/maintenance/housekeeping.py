@@ -8,8 +8,8 @@ visible, under the committing handle's lock:
    wrote is ``2 * log.checkpoint.interval`` versions old), write a checkpoint of the state
    (:meth:`~tier_store.topic.Topic.write_checkpoint`), then collect garbage
    (:mod:`.garbage`).
-2. Apply retention (:mod:`.retention`), at most every ``log.retention.check.interval.ms``
-   per host.
+2. Apply retention (:mod:`.retention`) and collect dropped segments' index pieces
+   (:mod:`.pieces`), at most every ``log.retention.check.interval.ms`` per host.
 3. On a store shared by many hosts, reclaim the topic's bundles no committed chunk names
    (:mod:`.bundles`), at most every :func:`.bundles.sweep_interval` seconds per topic in
    this process: a listing per commit would cost more than the commit.
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from .bundles import reclaim_due
 from .garbage import collect_garbage
+from .pieces import collect_pieces
 from .retention import apply_retention, retention_due
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def after_commit(topic: Topic) -> None:
     try:
         if retention_due(topic):
             apply_retention(topic)
+            collect_pieces(topic)
     except Exception as e:
         _failed(topic, version, "applying retention", e)
     try:

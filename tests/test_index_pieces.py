@@ -1,0 +1,138 @@
+"""Index pieces: checkpoints name each segment's chunk rows, written once to the log, so a
+checkpoint's size follows the segments a topic retains, not its commits. Counted in bytes
+and files, never timed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tier_store import CorruptLog, Store
+from tier_store import chunk_index as chunk_index_module
+from tier_store.commit_log import checkpoint_body
+from tier_store.index_pieces import IndexPieces
+
+from .conftest import make_batch
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    monkeypatch.setattr(chunk_index_module, "PIECE_ROWS", 32)
+
+
+def _checkpoint(log_dir: str, version: int) -> tuple[int, dict]:
+    import pyarrow as pa
+    with open(os.path.join(log_dir, f"{version:020d}.checkpoint"), "rb") as f:
+        data = f.read()
+    table = pa.ipc.open_file(checkpoint_body(data)).read_all()
+    return len(data), json.loads(table.schema.metadata[b"pafka.state"])
+
+
+def _ids(topic, p: int, start: int = 0) -> list[int]:
+    return [i for b in topic.read(p, start) for i in b.column("key").to_pylist()]
+
+
+def test_checkpoints_stay_the_same_size_however_many_commits_came_before(tmp_path,
+                                                                          small_pieces):
+    # One segment per partition for the whole run: every chunk row lives as long as the log.
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "64m", "log.checkpoint.interval": 40})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=8)
+    log_dir = os.path.join(root, "t", "_log")
+    sizes = {}
+    for i in range(2400):
+        topic.append(make_batch(i, 1), partition=i % 8)
+        v = topic.version
+        if v % 40 == 0:
+            sizes[v], meta = _checkpoint(log_dir, v)
+            assert sum(meta["chunk_counts"]) < 8 * 32  # at most a piece's rows per segment
+    first, last = sizes[400], sizes[2400]
+    assert last <= 1.3 * first, sizes  # v1 grew 6x over this run
+    # Everything reads back, from a fresh handle, through the pieces.
+    fresh = Store.open(root).topic("t")
+    for p in range(8):
+        assert _ids(fresh, p) == list(range(p, 2400, 8))
+    # And a read of the newest offsets reads only the pieces spanning them.
+    IndexPieces._cache.clear()
+    IndexPieces._cached_bytes = 0
+    before = IndexPieces.loaded
+    other = Store.open(root).topic("t")
+    assert _ids(other, 3, 290) == list(range(290 * 8 + 3, 2400, 8))
+    assert IndexPieces.loaded - before <= 1
+
+
+def test_a_retried_commit_is_found_among_rows_already_in_pieces(tmp_path, small_pieces):
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "64m", "log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(100):
+        topic.commit(topic.write_chunks(make_batch(i, 1)), writer_id="w", batch_id=i)
+    fresh = Store.open(root).topic("t")
+    assert fresh.commit(fresh.write_chunks(make_batch(99, 1)), writer_id="w",
+                        batch_id=99) == []
+    assert fresh.latest_offsets() == {0: 100}
+
+
+def _two_tier(tmp_path, **conf):
+    hdd = tmp_path / "hdd"
+    hdd.mkdir()
+    return Store.open(str(tmp_path / "store"), {
+        "storage.tiers.types": "FILE,HDD", "storage.tiers.second.paths": str(hdd),
+        "storage.tiers.first.sizes": "1g", "log.segment.bytes": "16k",
+        "log.checkpoint.interval": 10, **conf})
+
+
+def test_a_move_replays_from_pieces_and_its_sources_pieces_go_after_a_checkpoint(
+        tmp_path, small_pieces):
+    store = _two_tier(tmp_path, **{"log.cleanup.grace.ms": 0})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(60):
+        topic.append(make_batch(i * 100, 100))
+    log_dir = os.path.join(str(tmp_path / "store"), "t", "_log")
+    folders = set(os.listdir(os.path.join(log_dir, "_index")))
+    sealed = [s for s in topic.segments() if s.sealed]
+    assert f"0-{sealed[0].id.split('-')[1]}@1" in folders
+    old = Store.open(str(tmp_path / "store")).topic("t")  # at the checkpoint before the move
+    store.move_segment(sealed[0].id, 2, topic="t")
+    # A handle older than the move replays it: the new rows' times come from the pieces.
+    IndexPieces._cache.clear()
+    IndexPieces._cached_bytes = 0
+    assert _ids(old.refresh(), 0) == list(range(6000))
+    assert store.collect_garbage(topic) >= 0
+    src = f"0-{sealed[0].id.split('-')[1]}@1"
+    assert src in os.listdir(os.path.join(log_dir, "_index"))  # no checkpoint past it yet
+    for i in range(60, 80):
+        topic.append(make_batch(i * 100, 100))
+    store.collect_garbage(topic)
+    assert src not in os.listdir(os.path.join(log_dir, "_index"))
+    fresh = Store.open(str(tmp_path / "store")).topic("t")
+    assert _ids(fresh, 0) == list(range(8000))
+    assert all(r.ok for r in Store.open(str(tmp_path / "store")).check())
+
+
+def test_a_damaged_piece_is_corrupt_log_naming_its_file(tmp_path, small_pieces):
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "64m", "log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(100):
+        topic.append(make_batch(i, 1))
+    index = os.path.join(root, "t", "_log", "_index")
+    [folder] = os.listdir(index)
+    name = sorted(os.listdir(os.path.join(index, folder)))[0]
+    path = os.path.join(index, folder, name)
+    with open(path, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    IndexPieces._cache.clear()
+    IndexPieces._cached_bytes = 0
+    fresh = Store.open(root).topic("t")
+    assert fresh.latest_offsets() == {0: 100}  # opening reads no piece
+    with pytest.raises(CorruptLog, match=name):
+        _ids(fresh, 0)
+    os.unlink(path)
+    with pytest.raises(CorruptLog, match="missing"):
+        _ids(Store.open(root).topic("t"), 0)
