@@ -389,6 +389,28 @@ def test_cleanup_keeps_what_is_within_its_grace(store):
     assert store.versions() == [3, 4]
 
 
+# -- index pieces -------------------------------------------------------------------------------
+
+def test_pieces_are_put_once_read_listed_by_folder_and_deleted_by_folder(store):
+    store.put_if_absent(0, b"e")
+    assert store.read_piece("_index/0-1@1", "00aa-1.idx") is None
+    assert store.piece_folders() == []
+    store.put_piece("_index/0-1@1", "00aa-1.idx", b"piece one")
+    store.put_piece("_index/0-1@1", "00aa-1.idx", b"piece one")  # again: the same bytes
+    store.put_piece("_index/0-1@1", "00bb-2.idx", b"piece two")
+    store.put_piece("_index/2-7@2", "00cc-1.idx", b"other")
+    assert bytes(store.read_piece("_index/0-1@1", "00aa-1.idx")) == b"piece one"
+    assert [f for f, _ in store.piece_folders()] == ["0-1@1", "2-7@2"]
+    assert all(abs(t - time.time()) < 60 for _, t in store.piece_folders())
+    # Pieces are no entries or checkpoints: listings and cleanup never see them.
+    assert store.versions() == [0] and store.checkpoints() == []
+    assert [f.version for f in store.listing()] == [0]
+    assert store.delete_piece_folder("_index/0-1@1") == 2
+    assert store.read_piece("_index/0-1@1", "00aa-1.idx") is None
+    assert [f for f, _ in store.piece_folders()] == ["2-7@2"]
+    assert store.delete_piece_folder("_index/0-1@1") == 0
+
+
 # -- incarnations -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("recreate", [False, True], ids=["deleted", "recreated"])
