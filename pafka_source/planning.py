@@ -279,8 +279,16 @@ class Planning:
         out: list[PafkaPartition] = []
         small: list[ReadPlan] = []
         small_records = 0
-        for t, p, s, e in pieces:
-            plan = t.plan_read(p, s, e)
+        # Planned per topic at once: one lock and one refresh, not one per partition.
+        by_topic: dict[str, list[int]] = {}
+        for i, (t, _, _, _) in enumerate(pieces):
+            by_topic.setdefault(t.name, []).append(i)
+        plans: dict[int, ReadPlan] = {}
+        for idx in by_topic.values():
+            t = pieces[idx[0]][0]
+            plans.update(zip(idx, t.plan_reads([pieces[i][1:] for i in idx]), strict=True))
+        for i, (_, _, s, e) in enumerate(pieces):
+            plan = plans[i]
             if e - s >= pack:
                 out.append(PafkaPartition(plan))
                 continue

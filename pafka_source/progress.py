@@ -93,16 +93,18 @@ def topic_lag(topic: Topic, start: dict[str, int] | None, end: dict[str, int],
 
     Segments come from the commit log's state, not their files: a measurement reads no
     segment and cannot fail on one being moved."""
-    latest, earliest = topic.latest_offsets(), topic.earliest_offsets()
+    st = topic.state()  # one refresh; then O(partitions + segments in the batch)
+    latest = dict(enumerate(st.next_offset))
+    earliest = st.start_offset
     behind: dict[int, int] = {}
     nbytes = 0
     for p, hi in latest.items():
         at = min(max(int(end.get(str(p), earliest[p])), earliest[p]), hi)
         behind[p] = hi - at
-        nbytes += topic.bytes_between(p, at, hi)
+        if hi > at:
+            nbytes += topic.bytes_between(p, at, hi)
     batch = tier1 = 0
     if batch_known and (start is not None or end):
-        st = topic.state(refresh=False)
         for p_s, e in end.items():
             p = int(p_s)
             if p >= len(earliest):
@@ -111,7 +113,11 @@ def topic_lag(topic: Topic, start: dict[str, int] | None, end: dict[str, int],
             for seg in st.part(p).segments.values():
                 if seg.end <= s or seg.base >= e:
                     continue
-                n = topic.bytes_between(p, max(s, seg.base), min(e, seg.end))
+                # Whole segments count their bytes; a part, its share of them (the batch's
+                # bytes only weigh the tier-1 share).
+                lo, hi = max(s, seg.base), min(e, seg.end)
+                n = seg.bytes if (lo, hi) == (seg.base, seg.end) else \
+                    seg.bytes * (hi - lo) // max(1, seg.end - seg.base)
                 batch += n
                 tier1 += n if seg.tier == 1 else 0
     return TopicLag(topic.name, sum(behind.values()), nbytes, behind, batch, tier1)

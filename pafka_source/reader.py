@@ -186,15 +186,17 @@ class PafkaStreamReader(Planning, DataSourceStreamReader, SupportsTriggerAvailab
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
 
-    def _latest(self) -> Offsets:
-        return {name: {str(p): off for p, off in t.latest_offsets().items()}
-                for name, t in self.topics().items()}
+    def _latest(self, topics: dict[str, Topic] | None = None) -> Offsets:
+        """The latest offsets of ``topics`` as read (default: refreshed now)."""
+        topics = self.topics() if topics is None else topics
+        return {name: {str(p): off for p, off in enumerate(t.state(refresh=False).next_offset)}
+                for name, t in topics.items()}
 
     @_one_line
     def reportLatestOffset(self) -> Offsets:
         # Only this reaches a query's progress (as latestOffset): the lag rides along in it.
-        topics = self.topics()
-        out = with_ids(self._latest(), topics)
+        topics = self.topics()  # one refresh per topic, for the offsets and the lag
+        out = with_ids(self._latest(topics), topics)
         if self._planned is not None:
             try:
                 out[LAG_KEY] = lag_report(topics, *self._planned)

@@ -271,3 +271,43 @@ def test_a_pmem_tier_of_size_minus_one_is_a_pool_of_one_gib(tmp_path):
     assert [(s.type, s.size) for s in specs] == [("PMEM", 1 << 30), ("HDD", 0)]
     conf = StoreConfig(load_config({"storage.tiers.types": "NVME,HDD"}))
     assert [s.size for s in conf.tiers(str(tmp_path))] == [-1, 0]
+
+
+# -- the Spark driver ---------------------------------------------------------------------------
+def test_a_stream_readers_driver_plans_each_topic_at_once_and_loads_no_chunk_index(
+        tmp_path, counted):
+    from pafka_source.options import SourceOptions
+    from pafka_source.reader import PafkaStreamReader
+    from pafka_source.types import spark_schema
+    from tier_store import Topic
+    from tier_store.chunk_index import ChunkIndex
+    n = 256
+    store = _store(tmp_path, **{"log.segment.bytes": "1m"})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=n)
+
+    def one_batch(i):
+        refs = []
+        for p in range(n):
+            refs += topic.write_chunks(make_batch(i, 1), partition=p)
+        topic.commit(refs)
+
+    one_batch(0)
+    reader = PafkaStreamReader(SourceOptions.parse({
+        "path": str(tmp_path / "store"), "topic": "t", "startingOffsets": "earliest"}),
+        spark_schema(topic.schema, include_metadata=False))
+    start = reader.initialOffset()
+    counted(Topic, "plan_read")
+    counted(Topic, "plan_reads")
+    counted(Topic, "bytes_between")
+    for i in range(1, 4):
+        one_batch(i)
+        loads = ChunkIndex.loads
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        reader.reportLatestOffset()
+        parts = reader.partitions(start, end)
+        assert sum(len(x.plans) for x in parts) == n
+        assert ChunkIndex.loads == loads  # no index materialized: only what each read spans
+        start = end
+    assert counted.calls.get("plan_read", 0) == 0
+    assert counted.calls["plan_reads"] == 3  # once per topic per batch, not per partition
+    assert counted.calls.get("bytes_between", 0) == 0  # caught up: nothing behind to weigh

@@ -67,8 +67,17 @@ def rows_table(rows: np.ndarray) -> pa.Table:
     return pa.table({COLUMNS.get(n, n): pa.array(rows[n]) for n in CHUNK_DTYPE.names})
 
 
-def _overlap(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
-    return rows[(rows["base"] + rows["records"] > start) & (rows["base"] < stop)]
+def _between(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The rows (in offset order) holding any offset of ``[start, stop)``: a slice, found
+    by two binary searches (a driver asks once per partition per batch)."""
+    base = rows["base"]
+    i = int(base.searchsorted(start, side="right")) - 1
+    i = 0 if i < 0 else i
+    j = int(base.searchsorted(stop, side="left"))
+    # Concurrent writers interleave segments: the row before ``start`` may end before it.
+    if i < j and int(base[i]) + int(rows["records"][i]) <= start:
+        i += 1
+    return rows[i:j]
 
 
 def _in_order(parts: list[np.ndarray]) -> np.ndarray:
@@ -111,6 +120,17 @@ class SegmentRows:
             first = int(rows["base"][0])
             self.base = first if self.base < 0 else min(self.base, first)
             self.end = max(self.end, int(rows["base"][-1] + rows["records"][-1]))
+
+    def add_row(self, row: tuple[int, ...], base: int, end: int) -> None:
+        """Append one row (``base``, ``end``: its offsets) after every row here."""
+        if self._n == len(self._a):
+            grown = np.empty(max(16, 2 * self._n), CHUNK_DTYPE)
+            grown[:self._n] = self.loose()
+            self._a = grown
+        self._a[self._n] = row
+        self._n += 1
+        self.base = base if self.base < 0 else min(self.base, base)
+        self.end = max(self.end, end)
 
     def prepend(self, rows: np.ndarray) -> None:
         """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
@@ -197,19 +217,21 @@ class ChunkIndex:
         """The chunks holding any offset of ``[start, stop)``, in offset order: only the
         pieces that span those offsets are read."""
         if self._all is not None:
-            rows = self.rows()
-            i = max(0, int(np.searchsorted(rows["base"], start, side="right")) - 1)
-            j = int(np.searchsorted(rows["base"], stop, side="left"))
-            return _overlap(rows[i:j], start, stop)
-        self._split()
+            return _between(self.rows(), start, stop)
+        if self._inline is not None:
+            self._split()
         parts = []
         for seg in self._segs.values():
             if seg.base < 0 or seg.end <= start or seg.base >= stop:
                 continue
-            parts.extend(self._piece(seg, r) for r in seg.pieces
-                         if r.end > start and r.base < stop)
-            parts.append(_overlap(seg.loose(), start, stop))
-        return _overlap(_in_order(parts), start, stop)
+            if seg.pieces:
+                parts.extend(_between(self._piece(seg, r), start, stop) for r in seg.pieces
+                             if r.end > start and r.base < stop)
+            if seg._n:
+                parts.append(_between(seg._a[:seg._n], start, stop))
+        if len(parts) == 1:  # the usual case: one segment's rows, in order already
+            return parts[0]
+        return _in_order(parts) if parts else _EMPTY
 
     def committed_since(self, ts: int) -> np.ndarray:
         """Rows committed at or after ``ts``, in offset order: only the pieces committed
@@ -231,17 +253,17 @@ class ChunkIndex:
     # -- changes (replay) -----------------------------------------------------------------
     def append(self, c: ChunkRecord, ts: int) -> None:
         """Add chunk ``c``, committed at ``ts`` (after every chunk already here)."""
-        row = np.array([_row(c, ts)], CHUNK_DTYPE)
+        row = _row(c, ts)
         seg = self._segs.get(c.seq)
         if seg is None:
             seg = self._segs[c.seq] = SegmentRows(c.seq, c.tier)
-        seg.add(row)
+        seg.add_row(row, c.base, c.base + c.records)
         if self._all is not None:
             if self._all_n == len(self._all):
                 grown = np.empty(max(16, 2 * self._all_n), CHUNK_DTYPE)
                 grown[:self._all_n] = self._all[:self._all_n]
                 self._all = grown
-            self._all[self._all_n] = row[0]
+            self._all[self._all_n] = row
             self._all_n += 1
 
     def drop_segments(self, seqs: set[int]) -> None:

@@ -239,10 +239,21 @@ def decode(data: bytes, where: str, version: int, topic_id: str) -> Entry:
         raise CorruptLog(f"commit-log entry {where} is malformed: {e}") from None
 
 
+_DISK_KEYS = frozenset(disk for _, disk in _CHUNK_FIELDS)
+_REQUIRED = tuple(disk for name, disk in _CHUNK_FIELDS
+                  if name not in ("tmin", "tmax", *_OPTIONAL))
+
+
 def _chunk(c: Any) -> ChunkRecord:
     if not isinstance(c, dict):
         raise TypeError(f"a chunk is {c!r}, not an object")
-    return ChunkRecord(**_from_disk(c))
+    if not _DISK_KEYS.issuperset(c):
+        unknown = sorted(set(c) - _DISK_KEYS)
+        raise TypeError(f"a chunk names unknown field(s) {', '.join(unknown)}")
+    g = c.get
+    # Positional, in field order: an entry may hold thousands of chunks.
+    return ChunkRecord(c["p"], c["seq"], c["tier"], c["pos"], c["len"], c["base"], c["n"],
+                       c["crc"], g("tmin"), g("tmax"), g("host"), g("obj"), g("opos"))
 
 
 def _int(name: str, v: Any, low: int = 0, high: int = INT64) -> None:
@@ -258,16 +269,16 @@ def _str(name: str, v: Any, optional: bool = False) -> None:
 
 def check_chunk(c: ChunkRecord) -> None:
     """Types and ranges of a chunk's fields (``ValueError`` naming the field)."""
-    _int("p", c.partition, 0, MAX_PARTITIONS)
-    _int("seq", c.seq)
-    _int("tier", c.tier, 1, MAX_TIERS + 1)
-    _int("pos", c.pos)
-    _int("len", c.length, 1)
-    _int("base", c.base)
-    _int("n", c.records, 1)  # a chunk holds a record at least (empty writes make none)
-    _int("crc", c.checksum, 0, 2**64)
-    if c.base + c.records >= INT64 or c.pos + c.length >= INT64:
-        raise ValueError(f"chunk at byte {c.pos} with offsets from {c.base} is out of range")
+    p, seq, tier, pos, n, base, k, crc = (c.partition, c.seq, c.tier, c.pos, c.length,
+                                          c.base, c.records, c.checksum)
+    # One test for the usual chunk (an entry may hold thousands; ``type`` is int excludes
+    # bools); any doubt takes the field-by-field path, which names what is wrong.
+    if not (type(p) is int and type(seq) is int and type(tier) is int and type(pos) is int
+            and type(n) is int and type(base) is int and type(k) is int and type(crc) is int
+            and 0 <= p < MAX_PARTITIONS and 0 <= seq < INT64 and 1 <= tier <= MAX_TIERS
+            and pos >= 0 and n >= 1 and base >= 0 and k >= 1 and 0 <= crc < 2**64
+            and base + k < INT64 and pos + n < INT64):
+        _check_chunk_fields(c)
     for name, t in (("tmin", c.tmin), ("tmax", c.tmax)):
         if t is not None:
             _int(name, t, -INT64 + 1)
@@ -278,6 +289,19 @@ def check_chunk(c: ChunkRecord) -> None:
     if c.obj is not None:
         check_bundle(c.obj)
         _int("opos", c.opos)
+
+
+def _check_chunk_fields(c: ChunkRecord) -> None:
+    _int("p", c.partition, 0, MAX_PARTITIONS)
+    _int("seq", c.seq)
+    _int("tier", c.tier, 1, MAX_TIERS + 1)
+    _int("pos", c.pos)
+    _int("len", c.length, 1)
+    _int("base", c.base)
+    _int("n", c.records, 1)  # a chunk holds a record at least (empty writes make none)
+    _int("crc", c.checksum, 0, 2**64)
+    if c.base + c.records >= INT64 or c.pos + c.length >= INT64:
+        raise ValueError(f"chunk at byte {c.pos} with offsets from {c.base} is out of range")
 
 
 def _check_fields(e: Entry) -> None:

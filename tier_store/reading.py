@@ -28,9 +28,10 @@ from .pins import MAPS, owner_of
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a plan holds one per chunk, and frozen inits are slow
 class PlannedChunk:
     """One committed chunk to read: file, byte range, offsets, commit time and checksum.
+    Not changed once planned (``dataclasses.replace`` makes another).
 
     ``elsewhere`` names other copies of the same bytes, as (file, position) pairs: tried in
     order when ``path`` is missing or its bytes do not match the checksum (a shared tier's

@@ -303,19 +303,19 @@ class Topic(positions.GroupPositions):
 
     def plan_read(self, partition: int, start: int, end: int | None = None) -> ReadPlan:
         """Plan reading ``[start, end)`` of ``partition`` (see :mod:`tier_store.reading`)."""
-        p = self._check_partition(partition)
-        start = _non_negative("start offset", start)
+        return self.plan_reads([(partition, start, end)])[0]
+
+    def plan_reads(self, ranges: Sequence[tuple[int, int, int | None]]) -> list[ReadPlan]:
+        """:meth:`plan_read` of many ``(partition, start, end)``: one lock, one refresh."""
+        n = self.partitions
+        todo = [(p, s, e) if type(p) is int and 0 <= p < n and type(s) is int and s >= 0
+                else (self._check_partition(p), _non_negative("start offset", s), e)
+                for p, s, e in ranges]
         with self.log.lock:
             st = self.log.current
-            if end is None or end > st.part(p).next_offset:
+            if any(e is None or e > st.part(p).next_offset for p, _, e in todo):
                 st = self.log.refresh()
-            shared = self.store.shared
-            stop, chunks = views.planned_chunks(
-                self.name, st, p, start, end,
-                lambda seq, tier: self.store.tier(tier).segment_path(self.name, p, seq),
-                None if shared is None else
-                (lambda obj: shared.bundle_url(self.name, st.topic_id, obj)))
-        return ReadPlan(self.store.root, self.name, p, start, stop, tuple(chunks), self.id)
+            return views.read_plans(self.store, self.name, st, todo)
 
     def bytes_between(self, partition: int, start: int, end: int) -> int:
         """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""

@@ -6,20 +6,25 @@ topic handle stays a thin façade and the views can be tested on a state alone.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import DataLoss
 from .ids import bundle_text
+from .layout import SEGMENT_SUFFIX
 from .partition import is_settled
-from .reading import PlannedChunk
+from .reading import PlannedChunk, ReadPlan
 from .records import SegmentInfo
 from .segment import CHUNK_ALIGN
 from .state import TopicState
 from .tiers import Tier, space
+
+if TYPE_CHECKING:
+    from .host import TopicHost
 
 
 def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | None,
@@ -42,11 +47,8 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
     sel = part.chunks.overlapping(start, stop)  # reads only the pieces spanning them
     segs = part.segments
     paths: dict[int, str] = {}  # a segment holds many chunks
-    for seq, pos, length, base, n, ts, crc, hi, lo, opos in zip(
-            sel["seq"].tolist(), sel["pos"].tolist(), sel["length"].tolist(),
-            sel["base"].tolist(), sel["records"].tolist(), sel["ts"].tolist(),
-            sel["checksum"].tolist(), sel["obj_hi"].tolist(), sel["obj_lo"].tolist(),
-            sel["opos"].tolist(), strict=True):
+    # One conversion for every field (rows are CHUNK_DTYPE tuples, in its field order).
+    for seq, pos, length, base, n, crc, ts, _, _, hi, lo, opos in sel.tolist():
         path = paths.get(seq)
         if path is None:
             path = paths[seq] = path_of(seq, segs[seq].tier)
@@ -57,6 +59,30 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
                                        ((bundle_url(bundle_text(hi, lo)), opos),),
                                        segs[seq].host))
     return stop, chunks
+
+
+def read_plans(store: TopicHost, topic: str, st: TopicState,
+               ranges: list[tuple[int, int, int | None]]) -> list[ReadPlan]:
+    """The read plans of ``ranges`` (``(partition, start, end)``, checked) against ``st``."""
+    shared = store.shared
+    bundle_url = None if shared is None else \
+        (lambda obj: shared.bundle_url(topic, st.topic_id, obj))
+    dirs: dict[int, str] = {}  # per tier, the topic's directory: joined once
+
+    def path_of(p: int) -> Callable[[int, int], str]:
+        def of(seq: int, tier: int) -> str:
+            where = dirs.get(tier)
+            if where is None:
+                where = dirs[tier] = os.path.dirname(os.path.dirname(
+                    store.tier(tier).segment_path(topic, 0, 0)))
+            return f"{where}/{p}/{seq:020d}{SEGMENT_SUFFIX}"
+        return of
+
+    out = []
+    for p, start, end in ranges:
+        stop, chunks = planned_chunks(topic, st, p, start, end, path_of(p), bundle_url)
+        out.append(ReadPlan(store.root, topic, p, start, stop, tuple(chunks), st.topic_id))
+    return out
 
 
 def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
