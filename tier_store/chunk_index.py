@@ -48,8 +48,26 @@ def _row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
             hi, lo, -1 if c.opos is None else c.opos)
 
 
-def table_rows(part: pa.Table, where: str) -> np.ndarray:
-    """The chunk rows of Arrow table ``part`` (a checkpoint's or a piece's), checked."""
+class InlineRows:
+    """A checkpoint's inline rows, converted to numpy once for every partition: a fresh
+    reader of many partitions pays one conversion, not one per partition."""
+
+    def __init__(self, table: pa.Table, where: str):
+        self.table, self.where = table, where
+        self._rows: np.ndarray | None = None
+
+    def rows(self, start: int, n: int) -> np.ndarray:
+        """Rows ``[start, start + n)`` (one partition's), checked."""
+        if self._rows is None:
+            self._rows = table_rows(self.table, self.where, check=False)
+        part = self._rows[start:start + n]
+        check_chunk_rows(part, self.where)
+        return part
+
+
+def table_rows(part: pa.Table, where: str, check: bool = True) -> np.ndarray:
+    """The chunk rows of Arrow table ``part`` (a checkpoint's or a piece's), checked (one
+    partition's or segment's rows; ``check=False``: the caller checks each)."""
     n = part.num_rows
     rows = np.empty(n, CHUNK_DTYPE)
     for name in CHUNK_DTYPE.names:
@@ -58,7 +76,8 @@ def table_rows(part: pa.Table, where: str) -> np.ndarray:
             rows[name] = _OPTIONAL_COLUMNS[name]
         else:
             rows[name] = part.column(col).to_numpy()
-    check_chunk_rows(rows, where)  # before use: the rows index files
+    if check:
+        check_chunk_rows(rows, where)  # before use: the rows index files
     return rows
 
 
@@ -149,7 +168,7 @@ class ChunkIndex:
     loads = 0  # checkpoint rows or whole indexes materialized in this process: tests count
 
     def __init__(self, partition: int = 0, pieces: IndexPieces | None = None,
-                 inline: tuple[pa.Table, int, int, str] | None = None,
+                 inline: tuple[InlineRows, int, int] | None = None,
                  segments: Iterable[SegmentRows] = ()):
         self.partition = partition
         self.source = pieces if pieces is not None else IndexPieces()
@@ -176,8 +195,9 @@ class ChunkIndex:
         """Give the checkpoint's loose rows to their segments."""
         if self._inline is None:
             return
-        table, start, n, where = self._inline
-        rows = table_rows(table.slice(start, n), where)
+        held, start, n = self._inline
+        rows = held.rows(start, n)
+        where = held.where
         ChunkIndex.loads += 1
         seqs = rows["seq"]
         for seq in np.unique(seqs).tolist():
@@ -238,11 +258,12 @@ class ChunkIndex:
         since then are read, and of a checkpoint's rows not split yet, only those."""
         parts = []
         if self._inline is not None:
-            table, start, n, where = self._inline
-            times = table.column("ts").slice(start, n).to_numpy()
+            held, start, n = self._inline
+            times = held.table.column("ts").slice(start, n).to_numpy()
             first = int(np.searchsorted(times, ts, side="left"))
             if first < n:
-                parts.append(table_rows(table.slice(start + first, n - first), where))
+                parts.append(table_rows(held.table.slice(start + first, n - first),
+                                        held.where))
         for seg in self._segs.values():
             parts.extend(self._piece(seg, r) for r in seg.pieces if r.ts_max >= ts)
             loose = seg.loose()
@@ -317,9 +338,9 @@ class ChunkIndex:
     def loose_rows(self) -> np.ndarray:
         """The rows no piece holds, in offset order (what a checkpoint keeps inline)."""
         if self._inline is not None:
-            table, start, n, where = self._inline
+            held, start, n = self._inline
             appended = [s.loose() for s in self._segs.values()]
-            return _in_order([table_rows(table.slice(start, n), where), *appended])
+            return _in_order([held.rows(start, n), *appended])
         return _in_order([s.loose() for s in self._segs.values()])
 
     def pieces_of(self, seq: int) -> list[PieceRef]:
@@ -327,5 +348,6 @@ class ChunkIndex:
         return list(seg.pieces) if seg is not None else []
 
 
-__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex", "SegmentRows",
+__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex", "InlineRows",
+           "SegmentRows",
            "rows_table", "table_rows"]

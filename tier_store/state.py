@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .chunk_index import CHUNK_DTYPE, COLUMN_TYPES, NO_TIME, ChunkIndex, SegmentRows, rows_table
+from .chunk_index import (
+    CHUNK_DTYPE,
+    COLUMN_TYPES,
+    NO_TIME,
+    ChunkIndex,
+    InlineRows,
+    SegmentRows,
+    rows_table,
+)
 from .entries import (
     AppendEntry,
     ConfigEntry,
@@ -314,9 +322,10 @@ class TopicState:
                 segs.append(SegmentState(**s))
                 rows_of[segs[-1].partition].append(SegmentRows(s["seq"], s["tier"], pieces))
             at = 0
+            held = InlineRows(table, where)
             for p in range(st.partitions):
                 st.parts.append(PartitionState(p, nexts[p], starts[p], ChunkIndex(
-                    p, st.index, (table, at, counts[p], where), rows_of[p])))
+                    p, st.index, (held, at, counts[p]), rows_of[p])))
                 at += counts[p]
             for seg in segs:
                 st._add_segment(seg)
