@@ -131,6 +131,41 @@ def test_new_segments_count_the_stores_usage_once_not_per_segment(tmp_path, monk
     assert store._placement.used()[1] >= 25 * 16 * 1024
 
 
+def test_a_new_handle_places_segments_from_the_count_another_left(tmp_path, monkeypatch):
+    import os
+
+    from tier_store import placement
+    from tier_store import store as store_module
+    store = _store(tmp_path, **{"storage.tiers.first.sizes": "1g"})
+    for i in range(40):
+        store.create_topic(f"t{i}", make_batch(0, 1).schema, partitions=1)
+    _fill_segments(store.topic("t0"), 2)  # a count, left at the root
+    hint = os.path.join(str(tmp_path / "store"), placement.SEED_FILE)
+    assert os.path.exists(hint)
+    loaded = []
+    real = store_module.readable_states
+    monkeypatch.setattr(store_module, "readable_states",
+                        lambda *a, **k: loaded.append(1) or real(*a, **k))
+    fresh = Store.open(str(tmp_path / "store"))  # a Spark task's process, say
+    for i in range(1, 11):
+        _fill_segments(fresh.topic(f"t{i}"), 2)
+    assert fresh._placement.counts == 0 and loaded == []  # no topic's state was read
+    # A hint too old, damaged, or not a file is no figure: the new handle counts.
+    for spoil in ("old", "garbage", "fifo"):
+        os.unlink(hint)
+        if spoil == "old":
+            with open(hint, "w") as f:
+                f.write('{"time": 1, "used": {"1": 0}}')
+        elif spoil == "garbage":
+            with open(hint, "wb") as f:
+                f.write(b"\x00{not json")
+        else:
+            os.mkfifo(hint)
+        other = Store.open(str(tmp_path / "store"))
+        _fill_segments(other.topic("t20"), 1)
+        assert other._placement.counts == 1, spoil
+
+
 def test_the_reserved_figure_still_refuses_a_segment_past_the_capacity(tmp_path, monkeypatch):
     from tier_store import StoreFull, placement
     monkeypatch.setattr(placement, "USAGE_MAX_AGE_S", 3600.0)

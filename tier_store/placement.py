@@ -11,10 +11,18 @@ figure is the last count plus a whole segment for each segment this handle place
 Accounting stays soft by what other processes placed meanwhile (as by one segment per
 concurrent writer already). A pool tier counts its free pool files; a tier without a
 capacity needs no count.
+
+A new handle (a Spark task's process, a ``pafka`` command) would count on its first
+segment. Each count is left at the root as a hint (``_tier_usage.json``), and a handle
+whose first figure finds one at most :data:`SEED_MAX_AGE_S` old starts from it: placing a
+segment costs the same with one topic or thousands. The hint is only a figure: a damaged
+or strange one is ignored (counted instead), and a tier that looks full is recounted. A
+store shared by many hosts keeps no hint (each host has its own first tier).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -22,21 +30,27 @@ import time
 from collections.abc import Callable, Mapping
 
 from .config import WHOLE_FILESYSTEM
-from .errors import StoreFull
+from .errors import CorruptState, StoreFull
+from .layout import is_url, read_regular, write_atomic
 from .tiers import NO_SPACE, SegmentWriter, Tier
 
 log = logging.getLogger(__name__)
 
 USAGE_MAX_AGE_S = 2.0
 """How old a count of the bytes on each tier may be when a segment is placed."""
+SEED_MAX_AGE_S = 10.0
+"""How old the count another handle left may be for a new handle to start from it."""
+SEED_FILE = "_tier_usage.json"
 
 
 class Placement:
     """The placement rule over a store's tiers (one per store handle; thread-safe enough:
     the out-of-space set only ever loses or gains whole tier numbers)."""
 
-    def __init__(self, root: str, tiers: list[Tier], count: Callable[[], Mapping[int, int]]):
+    def __init__(self, root: str, tiers: list[Tier], count: Callable[[], Mapping[int, int]],
+                 seeded: bool = True):
         self.root = root
+        self._seed = os.path.join(root, SEED_FILE) if seeded and not is_url(root) else None
         self.tiers = tiers
         self._no_space: set[int] = set()
         self._count = count  # the committed bytes per tier, from every topic's state
@@ -49,12 +63,44 @@ class Placement:
         """Bytes accounted per tier: a count at most :data:`USAGE_MAX_AGE_S` old (or made
         now, with ``recount``), plus the segments placed since."""
         with self._lock:
+            if self._used is None and not recount:
+                self._used = self._read_seed()
+                self._counted_at = time.monotonic()
             if recount or self._used is None or \
                     time.monotonic() - self._counted_at >= USAGE_MAX_AGE_S:
                 self._used = dict(self._count())
                 self._counted_at = time.monotonic()
                 self.counts += 1
+                self._write_seed(self._used)
             return dict(self._used)
+
+    def _read_seed(self) -> dict[int, int] | None:
+        """The count another handle left, if young enough and well formed; else None."""
+        if self._seed is None:
+            return None
+        try:
+            raw = read_regular(self._seed, CorruptState, "tier usage hint", follow=False)
+            if raw is None:
+                return None
+            held = json.loads(raw)
+            age = time.time() - held["time"]
+            used = {int(k): v for k, v in held["used"].items()}
+            if not 0 <= age <= SEED_MAX_AGE_S or not all(
+                    type(v) is int and v >= 0 for v in used.values()):
+                return None
+            return used
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, CorruptState) as e:
+            log.debug("ignoring the tier usage hint %s: %s", self._seed, e)
+            return None
+
+    def _write_seed(self, used: dict[int, int]) -> None:
+        if self._seed is None:
+            return
+        data = json.dumps({"time": time.time(), "used": used}).encode()
+        try:
+            write_atomic(self._seed, data, durable=False)  # a hint: a crash may lose it
+        except OSError as e:  # a read-only root, a full disk: the next handle counts
+            log.debug("could not leave the tier usage hint %s: %s", self._seed, e)
 
     def place(self, topic: str, partition: int, seq: int, need: int,
               durable: bool = True) -> tuple[Tier, SegmentWriter]:
@@ -159,4 +205,4 @@ def _counts_usage(t: Tier) -> bool:
     return t.capacity > 0 and not t.has_pool
 
 
-__all__ = ["USAGE_MAX_AGE_S", "Placement"]
+__all__ = ["SEED_FILE", "SEED_MAX_AGE_S", "USAGE_MAX_AGE_S", "Placement"]

@@ -84,10 +84,10 @@ class Store:
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
         self._fence = RelocationFence(files, relocations)
-        self._placement = Placement(self.root, tiers, self.used_bytes)
+        self.is_shared = is_shared(self.root, [t.spec for t in tiers])
+        self._placement = Placement(self.root, tiers, self.used_bytes, not self.is_shared)
         self._given: dict[str, Any] = {}  # the settings open() was given (for reopen)
         self._shared: SharedTier | None = None
-        self.is_shared = is_shared(self.root, [t.spec for t in tiers])
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
