@@ -234,6 +234,26 @@ def test_reader_mappings_stay_within_their_byte_budget_whatever_is_read(tmp_path
         MAPS.clear()
 
 
+def test_the_map_budget_is_a_store_setting_for_the_process_that_opens_it(tmp_path,
+                                                                         monkeypatch):
+    from tier_store import MAPS
+    monkeypatch.setattr(MAPS, "max_bytes", MAPS.max_bytes)  # restored after the test
+    store = _store(tmp_path, **{"log.reader.map.bytes": "1m"})
+    assert MAPS.max_bytes == 1 << 20
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=2)
+    for p in range(2):
+        _fill_segments(topic, 40, partition=p)  # 80 segments of 16 KiB: 1.25 MiB
+    MAPS.clear()
+    reader = Store.open(str(tmp_path / "store"), create=False).topic("t")  # saved: applies
+    seen = 0
+    for p in range(2):
+        for b in reader.read(p, 0):
+            seen += b.num_rows
+            assert MAPS.mapped_bytes() <= (1 << 20) + 16 * 1024
+    assert seen == 8000
+    MAPS.clear()
+
+
 # -- the commit log ------------------------------------------------------------------------------
 def test_cleanup_deletes_known_ranges_without_listing_the_log(tmp_path, monkeypatch):
     import os

@@ -263,6 +263,10 @@ KEYS: dict[str, ConfigKey] = {
                   "How often a committing process checks retention, in milliseconds (as "
                   "Kafka's key); the migration service also checks it on every run. 0 checks "
                   "after every commit.", changeable=True, minimum=0),
+        ConfigKey("log.reader.map.bytes", "size", 512 * MiB,
+                  "Bytes of segment files a reading process keeps mapped, least recently used "
+                  "first out: what reading adds to its memory (RSS). Applies to the process "
+                  "that opens the store.", changeable=True, minimum=1 * MiB),
         ConfigKey("log.checkpoint.interval", "int", 100,
                   "Commit-log entries between checkpoints of the topic state.", changeable=True,
                   minimum=2, maximum=1_000_000),

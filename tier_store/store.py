@@ -62,6 +62,7 @@ from .ownership.opening import is_shared
 from .ownership.rootfiles import json_object, update
 from .ownership.roots import root_files, root_location, store_exists, store_identity
 from .ownership.saved import resolve_path
+from .pins import MAPS
 from .placement import Placement
 from .sharing import SharedTier
 from .state import TopicState
@@ -97,8 +98,8 @@ class Store:
         """Open the store at ``root``, creating it unless ``create=False``.
 
         ``config`` is a dict of keys or the path of a ``.properties`` file; see
-        :mod:`tier_store.config`. Readers, tools and notebooks pass ``create=False``: a
-        mistyped root is then :class:`StoreNotFound` instead of a new empty store.
+        :mod:`tier_store.config`. Readers pass ``create=False``: a mistyped root is then
+        :class:`StoreNotFound`. ``log.reader.map.bytes`` applies to the whole process.
 
         ``root`` is a directory, or ``s3://bucket/prefix``, shared by every process and
         host that opens it (:mod:`tier_store.ownership.objectroot`): its tiers' paths must
@@ -113,7 +114,7 @@ class Store:
         files = root_files(root, given)
         opened = open_root(files, given, create)
         store = cls(files, opened.config, opened.tiers, opened.store_id, opened.relocations)
-        store._given = given
+        MAPS.max_bytes, store._given = opened.config["log.reader.map.bytes"], given
         return store
 
     @staticmethod
