@@ -136,3 +136,30 @@ def test_a_damaged_piece_is_corrupt_log_naming_its_file(tmp_path, small_pieces):
     os.unlink(path)
     with pytest.raises(CorruptLog, match="missing"):
         _ids(Store.open(root).topic("t"), 0)
+
+
+def test_a_checkpoint_whose_piece_fails_changes_nothing_and_the_next_one_is_written(
+        tmp_path, small_pieces, monkeypatch):
+    from tier_store.logstore.posix import PosixLogStore
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "64m", "log.checkpoint.interval": 80})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    real = PosixLogStore.put_piece
+    calls = []
+
+    def flaky(self, folder, name, data):
+        calls.append(name)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        return real(self, folder, name, data)
+
+    monkeypatch.setattr(PosixLogStore, "put_piece", flaky)
+    for i in range(160):  # the checkpoint at 80 fails on its second piece; 160 is written
+        topic.append(make_batch(i, 1))
+    assert len(calls) > 2 and topic.checkpointed_version == 160
+    _, meta = _checkpoint(os.path.join(root, "t", "_log"), 160)
+    [seg] = meta["segments"]
+    assert sum(r[1] for r in seg["pieces"]) + meta["chunk_counts"][0] == 160
+    assert _ids(Store.open(root).topic("t"), 0) == list(range(160))
+    assert _ids(topic, 0) == list(range(160))
+

@@ -325,14 +325,17 @@ class ChunkIndex:
             if not stop:
                 continue
             folder = piece_dir(self.partition, seg.seq, seg.tier)
+            refs = []
             for at in range(0, stop, PIECE_ROWS):
                 block = loose[at:min(stop, at + PIECE_ROWS)].copy()
                 name = put(folder, rows_table(block))
-                ref = PieceRef(name, len(block), int(block["base"][0]),
-                               int(block["base"][-1] + block["records"][-1]),
-                               int(block["ts"].min()), int(block["ts"].max()))
-                seg.pieces.append(ref)
+                refs.append(PieceRef(name, len(block), int(block["base"][0]),
+                                     int(block["base"][-1] + block["records"][-1]),
+                                     int(block["ts"].min()), int(block["ts"].max())))
                 self.source.keep((self.source.where(folder, name), name), block)
+            # Only once all are stored: a failed put leaves the segment's rows as they were
+            # (the pieces stored so far are named by no checkpoint, and die with the segment).
+            seg.pieces.extend(refs)
             seg.keep_loose(loose[stop:])
 
     def loose_rows(self) -> np.ndarray:
