@@ -71,9 +71,10 @@ def _dir_bytes(path: str) -> tuple[int, int]:
 
 
 # -- history ------------------------------------------------------------------------------------
-def history(base: str, commits: int, partitions: int = 8) -> dict:
+def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_000) -> dict:
     root = os.path.join(base, "history")
-    store = Store.open(root, {"log.segment.bytes": "64m", "storage.tiers.first.sizes": "64g"})
+    store = Store.open(root, {"log.segment.bytes": "64m", "storage.tiers.first.sizes": "64g",
+                              "log.cleanup.grace.ms": grace_ms})
     topic = store.create_topic("h", SCHEMA, partitions=partitions)
     log_dir = os.path.join(root, "h", "_log")
     times: list[float] = []
@@ -112,7 +113,8 @@ def history(base: str, commits: int, partitions: int = 8) -> dict:
             "max_after_first": max(after) if after else 0.0, "max_at": worst + 1,
             "checkpoint_bytes_early": statistics.median(early),
             "checkpoint_bytes_late": statistics.median(late),
-            "log_dir": {str(k): v for k, v in sorted(sizes.items())}, "root": root}
+            "log_dir": {str(k): v for k, v in sorted(sizes.items())}, "root": root,
+            "grace_ms": grace_ms}
 
 
 def open_costs(root: str, commits: int, extra: int = 50) -> dict:
@@ -331,7 +333,9 @@ def report(args: argparse.Namespace, r: dict) -> str:
              "", f"Slowest commit after the first 10%: {ms(h['max_after_first'])} (commit "
              f"{h['max_at']:,}; target ≤ 100 ms). `_log/` files and bytes: "
              + ", ".join(f"{int(k):,} commits: {v[0]:,} files, {v[1] / 1e6:,.1f} MB"
-                         for k, v in h["log_dir"].items()) + "."]
+                         for k, v in h["log_dir"].items())
+             + f" (the log keeps what was written within `log.cleanup.grace.ms`, "
+             f"{h.get('grace_ms', 600_000) / 1000:,.0f} s here)."]
     o = r["open"]
     lines += ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
               f"{o['chunks']:,} chunks): {ms(o['at_checkpoint'])} at a checkpoint, "
@@ -382,6 +386,9 @@ def main() -> None:
     ap.add_argument("--read-gb", type=float, default=2.0)
     ap.add_argument("--default-write-gb", type=float, default=2.0)
     ap.add_argument("--driver-partitions", type=int_range(1, 10**5), default=1024)
+    ap.add_argument("--grace-ms", type=int_range(0, 10**9), default=600_000,
+                    help="log.cleanup.grace.ms of the history run (default the store's): "
+                         "the log keeps what was written within it")
     add_output_args(ap)
     args = ap.parse_args()
     output = Output(args)
@@ -389,7 +396,7 @@ def main() -> None:
     r: dict = {}
     try:
         print("history", flush=True)
-        r["history"] = history(base, args.commits)
+        r["history"] = history(base, args.commits, grace_ms=args.grace_ms)
         print(r["history"], flush=True)
         r["open"] = open_costs(r["history"].pop("root"), args.commits)
         print(r["open"], flush=True)
