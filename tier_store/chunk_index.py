@@ -22,6 +22,7 @@ import pyarrow as pa
 from .entries import ChunkRecord
 from .ids import bundle_halves
 from .index_pieces import PIECE_ROWS, IndexPieces, PieceRef, piece_dir
+from .segment import CHUNK_ALIGN
 from .state_checks import check_chunk_rows
 
 NO_TIME = np.iinfo(np.int64).min
@@ -99,6 +100,12 @@ def _between(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
     return rows[i:j]
 
 
+def _padding(rows: np.ndarray) -> np.ndarray:
+    """Per row, the bytes after its chunk up to the next aligned position."""
+    lengths = rows["length"]
+    return (lengths + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN - lengths
+
+
 def _in_order(parts: list[np.ndarray]) -> np.ndarray:
     """``parts`` (each in offset order) as one table in offset order."""
     parts = [x for x in parts if len(x)]
@@ -160,6 +167,17 @@ class SegmentRows:
 
     def keep_loose(self, rows: np.ndarray) -> None:
         self._a, self._n = rows.copy(), len(rows)
+
+    def spans(self) -> tuple[int, int]:
+        """(bytes of its chunks, each aligned; the same packed as a move lays them out:
+        each aligned but the last), from the pieces' figures and the loose rows."""
+        loose = self.loose()
+        span = sum(r.span for r in self.pieces)
+        if len(loose):
+            pad = _padding(loose)
+            span += int(loose["length"].sum() + pad.sum())
+            return span, span - int(pad[-1])
+        return span, span - (self.pieces[-1].pad if self.pieces else 0)
 
 
 class ChunkIndex:
@@ -329,9 +347,11 @@ class ChunkIndex:
             for at in range(0, stop, PIECE_ROWS):
                 block = loose[at:min(stop, at + PIECE_ROWS)].copy()
                 name = put(folder, rows_table(block))
+                pad = _padding(block)
                 refs.append(PieceRef(name, len(block), int(block["base"][0]),
                                      int(block["base"][-1] + block["records"][-1]),
-                                     int(block["ts"].min()), int(block["ts"].max())))
+                                     int(block["ts"].min()), int(block["ts"].max()),
+                                     int(block["length"].sum() + pad.sum()), int(pad[-1])))
                 self.source.keep((self.source.where(folder, name), name), block)
             # Only once all are stored: a failed put leaves the segment's rows as they were
             # (the pieces stored so far are named by no checkpoint, and die with the segment).
@@ -345,6 +365,15 @@ class ChunkIndex:
             appended = [s.loose() for s in self._segs.values()]
             return _in_order([held.rows(start, n), *appended])
         return _in_order([s.loose() for s in self._segs.values()])
+
+    def spans(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Per segment (by sequence), the bytes of its chunks each aligned, and packed as a
+        move lays them out (each aligned but the last); no piece is read."""
+        self._split()
+        aligned, packed = {}, {}
+        for seq, seg in self._segs.items():
+            aligned[seq], packed[seq] = seg.spans()
+        return aligned, packed
 
     def pieces_of(self, seq: int) -> list[PieceRef]:
         seg = self._segs.get(seq)

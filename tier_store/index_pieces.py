@@ -54,8 +54,9 @@ class PiecesGone(CorruptLog):
 
 
 class PieceRef(NamedTuple):
-    """A piece as a checkpoint names it: its file, its rows, and the offsets and commit
-    times they span."""
+    """A piece as a checkpoint names it: its file, its rows, the offsets and commit times
+    they span, and the bytes their chunks take in the segment (each aligned) with the
+    alignment padding of the last: a segment's size without reading its rows."""
 
     name: str
     rows: int
@@ -63,6 +64,8 @@ class PieceRef(NamedTuple):
     end: int  # after the last record
     ts_min: int
     ts_max: int
+    span: int  # bytes of its chunks, each aligned
+    pad: int  # the alignment padding after its last chunk
 
     def to_json(self) -> list[Any]:
         return list(self)
@@ -70,14 +73,15 @@ class PieceRef(NamedTuple):
     @classmethod
     def from_json(cls, v: Any, where: str) -> PieceRef:
         """A piece named in checkpoint ``where``; ``ValueError`` if ``v`` is not one."""
-        if not (isinstance(v, list) and len(v) == 6 and isinstance(v[0], str)
+        if not (isinstance(v, list) and len(v) == 8 and isinstance(v[0], str)
                 and _NAME.fullmatch(v[0])
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in v[1:])):
             raise ValueError(f"an index piece is {v!r}, not [name, rows, base, end, ts_min, "
-                             "ts_max]")
+                             "ts_max, span, pad]")
         ref = cls(*v)
         if int(ref.name.split("-")[1][:-4]) != ref.rows or not 0 <= ref.base < ref.end \
-                or ref.ts_min > ref.ts_max or ref.end - ref.base < ref.rows:
+                or ref.ts_min > ref.ts_max or ref.end - ref.base < ref.rows \
+                or ref.span < ref.rows or not 0 <= ref.pad < ref.span:
             raise ValueError(f"index piece {v!r} does not add up")
         return ref
 

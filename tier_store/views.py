@@ -19,7 +19,6 @@ from .layout import SEGMENT_SUFFIX
 from .partition import is_settled
 from .reading import PlannedChunk, ReadPlan
 from .records import SegmentInfo
-from .segment import CHUNK_ALIGN
 from .state import TopicState
 from .tiers import Tier, space
 
@@ -114,23 +113,6 @@ def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
     return int(rows["base"][i]) if i < len(rows) else st.part(p).next_offset
 
 
-def _spans(rows: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:
-    """Per segment (by sequence), the bytes of its committed chunks (``rows``, in offset
-    order) each aligned; and packed as a move lays them out, each aligned but the last."""
-    if not len(rows):
-        return {}, {}
-    seqs, inverse = np.unique(rows["seq"], return_inverse=True)
-    lengths = rows["length"].astype(np.int64)
-    padded = (lengths + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN
-    last = np.zeros(len(seqs), dtype=np.int64)
-    np.maximum.at(last, inverse, np.arange(len(rows)))
-    aligned = np.bincount(inverse, weights=padded).astype(np.int64)
-    packed = aligned - (padded - lengths)[last]
-    keys = seqs.tolist()
-    return (dict(zip(keys, aligned.tolist(), strict=True)),
-            dict(zip(keys, packed.tolist(), strict=True)))
-
-
 def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
                   active_of: Callable[[int], tuple[int, int] | None],
                   grace_s: float) -> list[SegmentInfo]:
@@ -140,8 +122,7 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
     out = []
     for p in range(st.partitions):
         active = active_of(p)
-        rows = st.part(p).chunks.rows()
-        spans, packed = _spans(rows)
+        spans, packed = st.part(p).chunks.spans()  # from the pieces' figures: none is read
         for s in st.partition_segments(p):
             tier = tier_of(s.tier)
             path = tier.segment_path(topic, p, s.seq)
