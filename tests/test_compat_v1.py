@@ -55,10 +55,13 @@ def test_a_format_1_store_opens_and_reads_as_it_was_written(old_store):
                         batch_id=43) == []
 
 
-def test_a_format_1_store_takes_commits_and_writes_format_2_checkpoints(old_store):
+def test_a_format_1_store_takes_commits_and_writes_format_2_checkpoints(old_store,
+                                                                       monkeypatch):
     import json
 
+    from tier_store import chunk_index
     from tier_store.commit_log import checkpoint_body
+    monkeypatch.setattr(chunk_index, "PIECE_ROWS", 4)  # pieces, for so few chunks
     store = Store.open(old_store)
     topic = store.topic("t")
     for i in range(25):  # past two checkpoints (every 10 versions)

@@ -191,3 +191,17 @@ def test_segment_sizes_come_from_the_pieces_figures_and_match_the_rows(tmp_path,
             want = int(padded[mine].sum())
             last = np.flatnonzero(mine)[-1]
             assert info.aligned_bytes == want - int(padded[last] - rows["length"][last])
+
+
+def test_a_partition_of_few_chunks_keeps_them_in_its_checkpoint(tmp_path):
+    # Large chunks, many sealed segments, few rows: pieces would each hold a handful.
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "16k", "log.checkpoint.interval": 50})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(200):
+        topic.append(make_batch(i * 100, 100))
+    assert len(topic.segments()) > 20
+    log_dir = os.path.join(root, "t", "_log")
+    assert not os.path.exists(os.path.join(log_dir, "_index"))
+    _, meta = _checkpoint(log_dir, 200)
+    assert meta["chunk_counts"] == [200]

@@ -334,12 +334,18 @@ class ChunkIndex:
     def cut_pieces(self, sealed: Callable[[int], bool], put: Callable[[str, pa.Table], str]
                    ) -> None:
         """Move loose rows into new pieces (``put(folder, table)`` stores one and names it):
-        every full block of :data:`PIECE_ROWS`, and the rest of each segment ``sealed``
-        says is written no more."""
+        every full block of :data:`PIECE_ROWS`, and, once the rows left would pass a block,
+        the rest of each segment ``sealed`` says is written no more. A partition's
+        checkpoint rows thus stay under a block per segment being written, plus one."""
         self._split()
+        # A sealed segment's rest goes to a piece only once the partition's loose rows pass
+        # a block: a partition of few (large) chunks keeps them inline, read with the
+        # checkpoint, rather than in many small pieces a new reader would each read.
+        rests = sum(len(s.loose()) % PIECE_ROWS for s in self._segs.values())
         for seg in self._segs.values():
             loose = seg.loose()
-            stop = len(loose) if sealed(seg.seq) else len(loose) // PIECE_ROWS * PIECE_ROWS
+            whole = sealed(seg.seq) and rests > PIECE_ROWS
+            stop = len(loose) if whole else len(loose) // PIECE_ROWS * PIECE_ROWS
             if not stop:
                 continue
             folder = piece_dir(self.partition, seg.seq, seg.tier)
