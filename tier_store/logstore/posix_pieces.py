@@ -38,6 +38,7 @@ class PosixPieces:
                 os.unlink(tmp)
             fsync_dir(where)
             fsync_dir(os.path.dirname(where))
+            fsync_dir(self.path)  # _index itself, made by the first piece: the checkpoint needs it
         except OSError as e:
             if e.errno not in NO_SPACE:
                 raise
