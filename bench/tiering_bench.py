@@ -198,8 +198,9 @@ def producer(args: argparse.Namespace) -> None:
             sent = 0.0
             while time.time() < end:
                 due = phase_start + sent / (rate * MB) if rate > 0 else end
-                if time.time() < due:
-                    time.sleep(min(due - time.time(), 0.05))
+                wait = due - time.time()
+                if wait > 0:
+                    time.sleep(min(wait, 0.05))
                     continue
                 t.append(batch, partition=args.id % t.partitions)
                 nbytes = batch.nbytes

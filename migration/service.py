@@ -15,9 +15,9 @@ Each run:
    reclaim files past the grace period.
 3. Plan with :func:`~migration.policy.plan_moves` (the freshness order across all tiers).
 4. **Demotions first**, the slowest source tier first (each frees room on the tier the next
-   one fills), then reclaim the files they freed (a pmem tier's pool files: promotions need
-   them), then **promotions**, the fastest target tier first; promotions to a pmem tier
-   beyond its free pool files wait for a later run (newest first). Each phase uses
+   one fills); a demotion off a pmem tier gives its pool file back at once (producers and
+   promotions need it). Then **promotions**, the fastest target tier first; those to a pmem
+   tier beyond its free pool files wait for a later run (newest first). Each phase uses
    ``storage.migrate.threads`` threads within ``storage.migrate.bytes.per.second``.
 5. Reclaim again, and add the run to the store's totals
    (:meth:`tier_store.Store.save_migration_totals`, shown by ``pafka tiers``).
@@ -38,6 +38,7 @@ other segment still migrates. A merge holding such a segment moves its others on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -196,10 +197,7 @@ class MigrationService:
             for source in sorted({m.source for m in downs}, reverse=True):
                 done += self._execute([m for m in downs if m.source == source])
             if ups:
-                # Promotions onto a pmem tier take the pool files the demotions freed, once
-                # garbage collection has put them back in the pool (at once when no reader
-                # pins them).
-                self._collect_garbage()
+                self._collect_garbage()  # pool files a reader pinned may be free by now
                 free = {u["tier"]: u["pool_free"] for u in self.store.tier_usage()
                         if self.store.tier(u["tier"]).has_pool}
                 for target in sorted({m.target for m in ups}):
@@ -344,6 +342,9 @@ class MigrationService:
             for sid in m.segments:
                 self._unreadable.pop((m.topic, sid, m.source), None)
                 self._in_grace.discard((m.topic, sid, m.target))
+        if self.store.tier(m.source).has_pool:  # freed pool files back now, not at run end
+            with contextlib.suppress(PafkaError, OSError):  # the run's end collects again
+                self.store.collect_garbage(self.store.topic(m.topic), tier=m.source)
         return r, False
 
     def _mark_unreadable(self, key: tuple[str, str, int]) -> float:

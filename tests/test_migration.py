@@ -44,6 +44,29 @@ def test_service_demotes_above_threshold_and_reads_stay_exact(tmp_path, shm_dir)
         min(x.base_offset for x in segs if x.tier == 1)
 
 
+def test_each_demotion_gives_its_pool_file_back_before_the_next_starts(tmp_path, shm_dir):
+    # A run of demotions at an HDD's pace lasts many seconds; producers in a burst need the
+    # pool files it frees during the run, not at its end. The grace period stays long:
+    # only the pins of readers may hold a pool file back.
+    s = _store(tmp_path, shm_dir, **{"log.cleanup.grace.ms": 600_000,
+                                     "storage.migrate.threads": 1})
+    t = s.create_topic("t", SCHEMA)
+    for i in range(120):
+        t.append(make_batch(i * 200, 200))
+    free_before: list[int] = []
+    move = s.move_segment
+
+    def watched(*args, **kwargs):
+        free_before.append(next(u for u in s.tier_usage() if u["tier"] == 1)["pool_free"])
+        return move(*args, **kwargs)
+
+    s.move_segment = watched
+    done = MigrationService(s).run_once()
+    assert len(done) >= 3 and all(r.to_tier == 2 for r in done)
+    assert free_before == list(range(free_before[0], free_before[0] + len(done)))
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(24000))
+
+
 def test_service_promotes_the_newest_when_tier_one_is_below_threshold(tmp_path, shm_dir):
     s = _store(tmp_path, shm_dir, **{"storage.migrate.threshold": -1})
     t = s.create_topic("t", SCHEMA)

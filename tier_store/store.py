@@ -72,6 +72,13 @@ from .topic import Topic
 log = logging.getLogger(__name__)
 _FRESH_TOTALS = "delete it to start the counters afresh"
 
+def _close(t: Topic, name: str) -> None:
+    try:
+        t.close()
+    except OSError as e:
+        log.warning("topic %s: closing its writers failed: %s", name, e)
+
+
 class Store:
     """A tier store rooted at a directory or an ``s3://`` URL. Use :meth:`open`."""
 
@@ -108,8 +115,7 @@ class Store:
         ``storage.host.dir``. Any other URL scheme is :class:`ConfigError`.
         """
         root = root_location(root)  # a directory, or s3:// (any other scheme: ConfigError)
-        # Relative tier paths given now are relative to the working directory, as in any
-        # command; the saved ones are relative to the root.
+        # Tier paths given relative: to the working directory (the saved ones: to the root).
         given = {k: resolve_path(os.getcwd(), k, v) for k, v in load_config(config).items()}
         files = root_files(root, given)
         opened = open_root(files, given, create)
@@ -187,11 +193,7 @@ class Store:
                 except TopicDeleted:
                     # Deleted (and perhaps created again) since: a handle on what is there now.
                     self._topics.pop(name, None)
-                    try:
-                        t.close()
-                    except OSError as e:
-                        log.warning("topic %s: closing a deleted topic's writers failed: %s",
-                                    name, e)
+                    _close(t, name)
             if not self.files.is_topic(name):
                 known = self.topics()
                 raise TopicNotFound(f"topic {name!r} does not exist in {self.root}; topics: "
@@ -220,10 +222,7 @@ class Store:
         with self._lock:
             t = self._topics.pop(name, None)
         if t is not None:
-            try:
-                t.close()
-            except OSError as e:
-                log.warning("topic %s: closing its writers failed: %s", name, e)
+            _close(t, name)
         locks.forget(self.pointer_dir(name, incarnation or (t.id if t else None)) + os.sep)
 
     def pointer_dir(self, topic: str, incarnation: str | None = None) -> str:
@@ -340,8 +339,11 @@ class Store:
         if tier.is_remote:
             claim_tier(self.root, self.id, tier.number, claim_of(tier.number, tier.path))
 
-    def collect_garbage(self, topic: Topic, bundles: bool = False) -> int:
-        """Reclaim ``topic``'s unreferenced files and index pieces; ``bundles``: bundles too."""
+    def collect_garbage(self, topic: Topic, bundles: bool = False,
+                        tier: int | None = None) -> int:
+        """Reclaim ``topic``'s unreferenced files, index pieces and ``bundles``."""
+        if tier is not None:  # only its segment files there: a move's source, freed at once
+            return garbage.collect_garbage(topic, tiers=[self.tier(tier)])
         n = garbage.collect_garbage(topic) + pieces.collect_pieces(topic)
         return n + (reclaim_bundles(topic) if bundles else 0)
 

@@ -48,7 +48,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..crash import crash_point
@@ -150,13 +150,15 @@ def _remote_names(store: TopicHost, tier: Tier, topic: str, p: int) -> Iterator[
         yield free
 
 
-def collect_garbage(topic: Topic, now: float | None = None) -> int:
-    """Reclaim ``topic``'s unreferenced segment files past the grace period; return count."""
+def collect_garbage(topic: Topic, now: float | None = None,
+                    tiers: Sequence[Tier] | None = None) -> int:
+    """Reclaim ``topic``'s unreferenced segment files past the grace period (on ``tiers``,
+    or every tier); return the count."""
     store = topic.store
     now = time.time() if now is None else now
     st = topic.state()
     reclaimed = 0
-    for tier in store.tiers:
+    for tier in store.tiers if tiers is None else tiers:
         try:
             store.claim_remote(tier)
         except ConfigError as e:
