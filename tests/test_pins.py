@@ -17,6 +17,13 @@ from .support import no_cached_maps as no_cached_maps
 from .support import open_pmem_hdd as _store  # the default grace: nothing may wait for it
 
 
+@pytest.fixture(autouse=True)
+def reads_map(monkeypatch):
+    """These tests are about mappings: every read maps its file, however small (a small
+    read of a file not mapped copies its bytes otherwise: see the copy tests below)."""
+    monkeypatch.setattr(MAPS, "copy_bytes", 0)
+
+
 def _two_segments(s):
     t = s.create_topic("t", SCHEMA)
     for i in range(3):
@@ -86,7 +93,8 @@ def test_an_idle_mapping_is_unpinned_by_itself(tmp_path, shm_dir, monkeypatch):
 
 READER = textwrap.dedent("""
     import sys, time
-    from tier_store import Store
+    from tier_store import MAPS, Store
+    MAPS.copy_bytes = 0  # a mapping however small the read
     t = Store.open(sys.argv[1]).topic("t")
     held = list(t.read(0, 0, 600))
     print("mapped", flush=True)
@@ -180,3 +188,29 @@ def test_a_long_read_follows_segments_moved_one_after_another_while_it_reads(
             keys += next(reader).batch.column("key").to_pylist()
     keys += [k for b in reader for k in b.batch.column("key").to_pylist()]
     assert keys == list(range(2000))
+
+
+@pytest.mark.parametrize("copy_bytes", [0, 1 << 16])
+def test_a_small_read_copies_and_pins_nothing_a_large_one_maps(tmp_path, shm_dir,
+                                                               monkeypatch, copy_bytes):
+    # The fixed cost of reading a partition's newest records: a pread of a few pages costs
+    # a fraction of a mapping's setup, first page faults and unmapping.
+    monkeypatch.setattr(MAPS, "copy_bytes", copy_bytes)
+    s = _store(tmp_path, shm_dir)
+    t = _two_segments(s)
+    old = s.tier(1).segment_path("t", 0, 0)
+    held = list(t.read(0, 0, 1))  # one small chunk of 0-0
+    assert [k for b in held for k in b.column("key").to_pylist()] == [0]
+    assert (old in MAPS.pinned()) == (copy_bytes == 0)
+    free = s.tier(1).free_pool_files()
+    s.move_segment("t/0-0", 2)
+    # A copy holds no pin: the pool file is back at once, and the batches read stay right.
+    assert s.collect_garbage(t) == (1 if copy_bytes else 0)
+    assert s.tier(1).free_pool_files() == free + (1 if copy_bytes else 0)
+    assert [k for b in held for k in b.column("key").to_pylist()] == [0]
+    assert read_all(Store.open(s.root).topic("t"), 0) == list(range(800))
+    t.append(make_batch(800, 20_000))  # segments of 64 KiB: reads of a file over 4 KiB map
+    monkeypatch.setattr(MAPS, "copy_bytes", min(copy_bytes, 4096))
+    big = list(t.read(0, 800, 20_800))
+    assert [k for b in big for k in b.column("key").to_pylist()] == list(range(800, 20_800))
+    assert len(MAPS.pinned()) >= 1

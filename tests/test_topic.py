@@ -70,17 +70,23 @@ def test_append_assigns_gapless_offsets_and_reads_exactly_the_range(file_store):
     assert read_all(t, 0, 5000) == []
 
 
-def test_read_yields_arrow_batches_that_share_the_mapped_memory(file_store):
+def test_read_yields_arrow_batches_that_share_the_mapped_memory(file_store, monkeypatch):
+    from tier_store import MAPS
     t = file_store.create_topic("t", SCHEMA)
     t.append(make_batch(0, 1000))
+    # A read of a few KiB copies them (cheaper than a mapping); any larger one maps.
+    assert MAPS.copy_bytes > 1000 * 20
+    small = list(t.read(0, 0))
+    assert not MAPS.pinned() and read_all(t, 0) == list(range(1000))
+    monkeypatch.setattr(MAPS, "copy_bytes", 1024)
     batches = list(t.read(0, 0))
     assert all(isinstance(b, pa.RecordBatch) for b in batches)
     # Zero copy: the value buffer lives inside the segment's mapping, not in a fresh allocation.
     seg = t.segments()[0]
     addr = batches[0].column(0).buffers()[1].address
-    from tier_store import MAPS
     mapped = MAPS._maps[seg.path].buf
     assert mapped.address <= addr < mapped.address + mapped.size
+    assert small[0].equals(batches[0])
 
 
 def test_reads_cross_chunk_and_segment_boundaries(file_store):

@@ -312,10 +312,17 @@ class ChunkDecoder:
     fixed-width ones (``bench/RESULTS.md``). Without ``check``, nothing is validated.
     """
 
-    def __init__(self, check: bool = True) -> None:
+    # Per key (a topic's incarnation), the schema message its chunks start with, kept across
+    # decoders: a read of one small chunk per partition then skips parsing the schema too.
+    _known: dict[str, tuple[pa.Schema, pa.Buffer]] = {}
+    _KNOWN_MAX = 256
+
+    def __init__(self, check: bool = True, key: str = "") -> None:
         self._check = check
-        self._schema: pa.Schema | None = None
-        self._prefix: pa.Buffer | None = None
+        self._key = key
+        known = ChunkDecoder._known.get(key) if key else None
+        self._schema: pa.Schema | None = known[0] if known else None
+        self._prefix: pa.Buffer | None = known[1] if known else None
 
     def batches(self, buf: pa.Buffer, where: Callable[[], str]) -> list[pa.RecordBatch]:
         """The chunk's record batches; ``where`` names the chunk in an error."""
@@ -333,6 +340,11 @@ class ChunkDecoder:
             if out:
                 self._schema = out[0].schema
                 self._prefix = self._schema.serialize()
+                if self._key:
+                    known = ChunkDecoder._known
+                    if len(known) >= self._KNOWN_MAX:
+                        known.pop(next(iter(known)), None)
+                    known[self._key] = (self._schema, self._prefix)
         elif self._check and not self._same_columns(out):
             raise CorruptSegment(f"{where()}: the chunk's columns are not the ones the "
                                  f"topic's other chunks hold ({self._schema})")

@@ -20,10 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 from .entries import ChunkRecord
+from .errors import CorruptLog
 from .ids import bundle_halves
 from .index_pieces import PIECE_ROWS, IndexPieces, PieceRef, piece_dir
 from .segment import CHUNK_ALIGN
-from .state_checks import check_chunk_rows
+from .state_checks import check_chunk_rows, row_problems
 
 NO_TIME = np.iinfo(np.int64).min
 CHUNK_DTYPE = np.dtype([
@@ -50,19 +51,22 @@ def _row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
 
 
 class InlineRows:
-    """A checkpoint's inline rows, converted to numpy once for every partition: a fresh
-    reader of many partitions pays one conversion, not one per partition."""
+    """A checkpoint's inline rows, converted and checked once for every partition."""
 
     def __init__(self, table: pa.Table, where: str):
         self.table, self.where = table, where
         self._rows: np.ndarray | None = None
+        self._bad: np.ndarray | None = None  # per row: out of place
 
     def rows(self, start: int, n: int) -> np.ndarray:
-        """Rows ``[start, start + n)`` (one partition's), checked."""
-        if self._rows is None:
+        """Rows ``[start, start + n)`` (one partition's), checked (once for every row)."""
+        if self._rows is None or self._bad is None:
             self._rows = table_rows(self.table, self.where, check=False)
+            self._bad = row_problems(self._rows)
         part = self._rows[start:start + n]
-        check_chunk_rows(part, self.where)
+        if n and self._bad[start:start + n].any() or n > 1 and \
+                (part["base"][1:] < part["base"][:-1] + part["records"][:-1]).any():
+            check_chunk_rows(part, self.where)  # raises, naming the row
         return part
 
 
@@ -123,8 +127,7 @@ class SegmentRows:
     def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
         self.seq, self.tier = seq, tier
         self.pieces = list(pieces)
-        self._a = np.empty(0, CHUNK_DTYPE)
-        self._n = 0
+        self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
         self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
         self.end = max((r.end for r in self.pieces), default=-1)
 
@@ -142,6 +145,9 @@ class SegmentRows:
             self._a = grown
         self._a[self._n:self._n + len(rows)] = rows
         self._n += len(rows)
+        self._span(rows)
+
+    def _span(self, rows: np.ndarray) -> None:
         if len(rows):
             first = int(rows["base"][0])
             self.base = first if self.base < 0 else min(self.base, first)
@@ -160,6 +166,10 @@ class SegmentRows:
 
     def prepend(self, rows: np.ndarray) -> None:
         """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
+        if not self._n:  # held as they are (a view): the next row added grows a new array
+            self._a, self._n = rows, len(rows)
+            self._span(rows)
+            return
         tail = self.loose().copy()
         self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
         self.add(rows)
@@ -203,7 +213,6 @@ class ChunkIndex:
                     int(rows["base"][0]) != ref.base or \
                     int(rows["base"][-1] + rows["records"][-1]) != ref.end or \
                     int(rows["ts"].min()) != ref.ts_min or int(rows["ts"].max()) != ref.ts_max:
-                from .errors import CorruptLog
                 raise CorruptLog(f"index piece {where} does not hold the rows its checkpoint "
                                  f"names (segment {self.partition}-{seg.seq}, {ref})")
             return rows
@@ -218,10 +227,11 @@ class ChunkIndex:
         where = held.where
         ChunkIndex.loads += 1
         seqs = rows["seq"]
-        for seq in np.unique(seqs).tolist():
+        one = self._segs.get(int(seqs[0]))
+        for seq in [one.seq] if one is not None and (seqs == one.seq).all() else \
+                np.unique(seqs).tolist():  # the usual case first: one segment
             seg = self._segs.get(seq)
             if seg is None:  # the checkpoint's check ties rows to its segments
-                from .errors import CorruptLog
                 raise CorruptLog(f"checkpoint {where} is malformed: partition "
                                  f"{self.partition} has chunks of segment {seq}, which it "
                                  "does not list")
@@ -387,5 +397,4 @@ class ChunkIndex:
 
 
 __all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex", "InlineRows",
-           "SegmentRows",
-           "rows_table", "table_rows"]
+           "SegmentRows", "rows_table", "table_rows"]

@@ -38,6 +38,12 @@ MAP_BYTES = 512 << 20
 is using is kept whatever its size)."""
 
 
+COPY_BYTES = 1 << 16
+"""A read of at most this many bytes of a file not mapped already copies them
+(:func:`pin_read`): a mapping's setup, first page faults and unmapping cost several times a
+``pread`` of a few pages, which is the fixed cost of reading a partition's newest records."""
+
+
 class _PinnedMap(mmap.mmap):
     """A read-only mapping that holds a shared ``flock`` on its file (a reader pin) until the
     mapping itself is freed, i.e. until no Arrow buffer sliced from it is alive any more.
@@ -76,11 +82,13 @@ class MappedFiles:
     Every operation costs O(1) per mapping it drops, whatever is cached. Thread-safe.
     """
 
-    def __init__(self, max_bytes: int = MAP_BYTES, idle_s: float = PIN_IDLE_S):
+    def __init__(self, max_bytes: int = MAP_BYTES, idle_s: float = PIN_IDLE_S,
+                 copy_bytes: int = COPY_BYTES):
         self._maps: OrderedDict[str, _Mapped] = OrderedDict()  # least recently used first
         self._by_owner: dict[tuple[str, str], set[str]] = {}
         self._bytes = 0
         self.max_bytes = max_bytes
+        self.copy_bytes = copy_bytes  # reads up to this size of a file not mapped: copied
         self._idle_s = idle_s
         self._lock = threading.Lock()
         self._janitor: threading.Thread | None = None
@@ -88,12 +96,12 @@ class MappedFiles:
     def slice(self, path: str, pos: int, length: int) -> pa.Buffer:
         return self.whole(path, pos, length).slice(pos, length)
 
-    def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
-        """The mapping of ``path``, which holds ``[pos, pos + length)``. FileNotFoundError
-        when the path names no file (or stopped naming the one we opened);
-        :class:`CorruptSegment` when the file is shorter than that range."""
+    def cached(self, path: str, pos: int, length: int) -> pa.Buffer | None:
+        """The cached mapping of ``path`` if it still holds ``[pos, pos + length)``, else
+        None. FileNotFoundError when it is cached and the path names no file now."""
+        if path not in self._maps:
+            return None  # no stat: opening the file finds it missing
         st = os.stat(path, follow_symlinks=False)  # FileNotFoundError for a missing file
-        now = time.monotonic()
         with self._lock:
             hit = self._maps.get(path)
             # A cached mapping of a file truncated since would fault (SIGBUS) past the file's
@@ -101,9 +109,19 @@ class MappedFiles:
             # then finds the file too short).
             if hit is not None and (hit.dev, hit.ino) == (st.st_dev, st.st_ino) and \
                     pos + length <= min(hit.buf.size, st.st_size):
-                hit.used = now
+                hit.used = time.monotonic()
                 self._maps.move_to_end(path)
                 return hit.buf
+        return None
+
+    def whole(self, path: str, pos: int, length: int) -> pa.Buffer:
+        """The mapping of ``path``, which holds ``[pos, pos + length)``. FileNotFoundError
+        when the path names no file (or stopped naming the one we opened);
+        :class:`CorruptSegment` when the file is shorter than that range."""
+        hit = self.cached(path, pos, length)
+        if hit is not None:
+            return hit
+        now = time.monotonic()
         buf, dev, ino = pin_map(path)
         if pos + length > buf.size:
             raise CorruptSegment(f"{path}: the read of bytes [{pos}, {pos + length}) lies past "
@@ -233,6 +251,36 @@ def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
     segment's is — and a segment file's header must name the partition and sequence its
     path does, so a reused file is never read as the old segment (:class:`CorruptSegment`
     otherwise)."""
+    fd, held = _open_pinned(path)
+    try:
+        if held.st_size == 0:
+            os.close(fd)
+            return pa.py_buffer(b""), held.st_dev, held.st_ino
+        m = _PinnedMap(fd, 0, prot=mmap.PROT_READ)
+        m.pin_fd = fd  # closed (unpinned) when the mapping is freed
+        return pa.py_buffer(m), held.st_dev, held.st_ino
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def pin_read(path: str, pos: int, length: int) -> pa.Buffer:
+    """Bytes ``[pos, pos + length)`` of segment file ``path``, copied under a reader pin
+    held only while reading, with :func:`pin_map`'s checks. :class:`CorruptSegment` when the
+    file is shorter than that range."""
+    fd, _ = _open_pinned(path)
+    try:
+        data = os.pread(fd, length, pos)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise CorruptSegment(f"{path}: the read of bytes [{pos}, {pos + length}) lies past "
+                             "the file's end: the segment was truncated")
+    return pa.py_buffer(data)
+
+
+def _open_pinned(path: str) -> tuple[int, os.stat_result]:
+    """``path`` opened and pinned, checked as :func:`pin_map` says: (fd, its stat)."""
     try:
         # Never opened unless a regular file: a FIFO's open would wait for a writer.
         fd = open_regular(path, CorruptSegment, "segment file", follow=False)
@@ -262,16 +310,11 @@ def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             raise FileNotFoundError(errno.ENOENT, "segment file was released while opened",
                                     path)
-        if held.st_size == 0:
-            os.close(fd)
-            return pa.py_buffer(b""), held.st_dev, held.st_ino
         owner = owner_of(path)
-        if owner is not None:
+        if owner is not None and held.st_size:
             _check_header(fd, path, int(owner[1]),
                           int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)]))
-        m = _PinnedMap(fd, 0, prot=mmap.PROT_READ)
-        m.pin_fd = fd  # closed (unpinned) when the mapping is freed
-        return pa.py_buffer(m), held.st_dev, held.st_ino
+        return fd, held
     except BaseException:
         os.close(fd)
         raise
@@ -292,4 +335,5 @@ def map_file(path: str) -> pa.Buffer:
     return pin_map(path)[0]
 
 
-__all__ = ["MAPS", "PIN_IDLE_S", "PIN_WAIT_S", "MappedFiles", "map_file", "owner_of", "pin_map"]
+__all__ = ["COPY_BYTES", "MAPS", "PIN_IDLE_S", "PIN_WAIT_S", "MappedFiles", "map_file", "owner_of",
+           "pin_map", "pin_read"]

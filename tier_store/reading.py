@@ -23,7 +23,7 @@ from .chunk import ChunkDecoder, checksum
 from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
 from .ids import host_id
 from .layout import is_url
-from .pins import MAPS, owner_of
+from .pins import MAPS, pin_read
 
 log = logging.getLogger(__name__)
 
@@ -209,21 +209,23 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
     None when re-planning is off."""
     at_offset = plan.start
-    decoder = ChunkDecoder(check=verify)
+    decoder = ChunkDecoder(check=verify, key=plan.topic_id)
     # How far the plan reads into each local file: its mapping must reach that far, and the
     # file must still be that long when it is mapped (a file truncated from outside the store
     # is CorruptSegment then; truncated later, under the mapping, it may kill the process).
     # A file's chunks come in the order of their positions: its last one reaches farthest.
     reach = {c.path: c.pos + c.length for c in plan.chunks}
     local_paths = {path for path in reach if not is_url(path)}
-    owners = {o for o in map(owner_of, local_paths) if o is not None}
+    # Every local path of a plan is a file of its partition (<tier>/<topic>/<p>/<seq>.seg).
+    owners = {(plan.topic, str(plan.partition))} if local_paths else set()
     if owners:
         # This partition's segments the plan no longer names (moved, merged, deleted) are
         # unpinned now rather than when they go idle.
         MAPS.forget(local_paths, owners)
-    # The mapping of the segment being read: its next chunks are sliced from it. It pins its
-    # file, so the file is never reused while we read it.
-    mapped: tuple[str, pa.Buffer] | None = None
+    # The bytes of the segment being read (path, buffer, the file position it starts at):
+    # its next chunks are sliced from it. A mapping pins its file, so the file is never
+    # reused while we read it; a small read copies the plan's bytes of a file not mapped.
+    mapped: tuple[str, pa.Buffer, int] | None = None
     here = host_id() if any(c.host is not None for c in plan.chunks) else None
     for c in plan.chunks:
         stale: str | None = None  # why the plan may no longer describe this chunk
@@ -232,15 +234,19 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
             if c.host is not None and c.host != here:
                 # Another host's tier: the same path here is some other file, or none.
                 raise FileNotFoundError(c.path)
-            if mapped is not None and mapped[0] == c.path and \
-                    c.pos + c.length <= mapped[1].size:
-                buf = mapped[1].slice(c.pos, c.length)
+            if mapped is not None and mapped[0] == c.path and mapped[2] <= c.pos and \
+                    c.pos + c.length <= mapped[2] + mapped[1].size:
+                buf = mapped[1].slice(c.pos - mapped[2], c.length)
             elif not local:
                 buf = read_range(c.path, c.pos, c.length)
             else:
-                mapped = (c.path, MAPS.whole(c.path, c.pos,
-                                              max(reach[c.path], c.pos + c.length) - c.pos))
-                buf = mapped[1].slice(c.pos, c.length)
+                need = max(reach[c.path], c.pos + c.length) - c.pos
+                hit = MAPS.cached(c.path, c.pos, need)
+                if hit is None and need <= MAPS.copy_bytes:
+                    mapped = (c.path, pin_read(c.path, c.pos, need), c.pos)
+                else:
+                    mapped = (c.path, MAPS.whole(c.path, c.pos, need) if hit is None else hit, 0)
+                buf = mapped[1].slice(c.pos - mapped[2], c.length)
         except FileNotFoundError:
             stale = "missing"
         else:

@@ -238,13 +238,19 @@ def _check_segments_cover(segments: list[dict[str, Any]], lists: list[list[int]]
                          f"{counted} (inline and in index pieces)")
 
 
+def row_problems(rows: np.ndarray) -> np.ndarray:
+    """Per chunk row: whether it names a place before the segment header or holds no
+    bytes (the overlap of neighbours is :func:`check_chunk_rows`'s)."""
+    return (rows["seq"] < 0) | (rows["pos"] < HEADER_SIZE) | (rows["length"] <= 0) | \
+        (rows["base"] < 0) | (rows["records"] < 1) | (rows["pos"] > INT64 - 1 - rows["length"])
+
+
 def check_chunk_rows(rows: np.ndarray, where: str) -> None:
     """:class:`CorruptLog` naming checkpoint ``where`` if one partition's chunk ``rows``
     (in offset order) name a place before the segment header, hold no bytes, or overlap."""
     if not len(rows):
         return
-    bad = (rows["seq"] < 0) | (rows["pos"] < HEADER_SIZE) | (rows["length"] <= 0) | \
-        (rows["base"] < 0) | (rows["records"] < 1) | (rows["pos"] > INT64 - 1 - rows["length"])
+    bad = row_problems(rows)
     ends = rows["base"][:-1] + rows["records"][:-1]
     if bad.any() or (rows["base"][1:] < ends).any():
         i = int(np.argmax(bad)) if bad.any() else int(np.argmax(rows["base"][1:] < ends)) + 1

@@ -6,7 +6,6 @@ topic handle stays a thin façade and the views can be tested on a state alone.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,7 +14,7 @@ import numpy as np
 
 from .errors import DataLoss
 from .ids import bundle_text
-from .layout import SEGMENT_SUFFIX
+from .layout import SEGMENT_SUFFIX, topic_dir
 from .partition import is_settled
 from .reading import PlannedChunk, ReadPlan
 from .records import SegmentInfo
@@ -72,8 +71,7 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
         def of(seq: int, tier: int) -> str:
             where = dirs.get(tier)
             if where is None:
-                where = dirs[tier] = os.path.dirname(os.path.dirname(
-                    store.tier(tier).segment_path(topic, 0, 0)))
+                where = dirs[tier] = topic_dir(store.tier(tier).path, topic)
             return f"{where}/{p}/{seq:020d}{SEGMENT_SUFFIX}"
         return of
 
