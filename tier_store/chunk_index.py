@@ -19,77 +19,22 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
+from .chunk_rows import (
+    CHUNK_DTYPE,
+    COLUMN_TYPES,
+    COLUMNS,
+    NO_TIME,
+    InlineRows,
+    _row,
+    rows_table,
+    table_rows,
+)
 from .entries import ChunkRecord
 from .errors import CorruptLog
-from .ids import bundle_halves
 from .index_pieces import PIECE_ROWS, IndexPieces, PieceRef, piece_dir
 from .segment import CHUNK_ALIGN
-from .state_checks import check_chunk_rows, row_problems
 
-NO_TIME = np.iinfo(np.int64).min
-CHUNK_DTYPE = np.dtype([
-    ("seq", "<i8"), ("pos", "<i8"), ("length", "<i8"), ("base", "<i8"), ("records", "<i8"),
-    ("checksum", "<u8"), ("ts", "<i8"), ("tmin", "<i8"), ("tmax", "<i8"),
-    # The shared object holding the chunk (ids.bundle_halves; 0, 0 and opos -1: none).
-    ("obj_hi", "<u8"), ("obj_lo", "<u8"), ("opos", "<i8"),
-])
-# Columns a checkpoint may lack (written before stores were shared): their value for none.
-_OPTIONAL_COLUMNS = {"obj_hi": 0, "obj_lo": 0, "opos": -1}
-# Checkpoint column names of the fields named otherwise in Python (the on-disk format).
-COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
-COLUMN_TYPES = {COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
-                 for n in CHUNK_DTYPE.names if n not in _OPTIONAL_COLUMNS}
 _EMPTY = np.empty(0, CHUNK_DTYPE)
-
-
-def _row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
-    """A chunk as a row of :data:`CHUNK_DTYPE`."""
-    hi, lo = bundle_halves(c.obj) if c.obj is not None else (0, 0)
-    return (c.seq, c.pos, c.length, c.base, c.records, c.checksum, ts,
-            NO_TIME if c.tmin is None else c.tmin, NO_TIME if c.tmax is None else c.tmax,
-            hi, lo, -1 if c.opos is None else c.opos)
-
-
-class InlineRows:
-    """A checkpoint's inline rows, converted and checked once for every partition."""
-
-    def __init__(self, table: pa.Table, where: str):
-        self.table, self.where = table, where
-        self._rows: np.ndarray | None = None
-        self._bad: np.ndarray | None = None  # per row: out of place
-
-    def rows(self, start: int, n: int) -> np.ndarray:
-        """Rows ``[start, start + n)`` (one partition's), checked (once for every row)."""
-        if self._rows is None or self._bad is None:
-            self._rows = table_rows(self.table, self.where, check=False)
-            self._bad = row_problems(self._rows)
-        part = self._rows[start:start + n]
-        if n and self._bad[start:start + n].any() or n > 1 and \
-                (part["base"][1:] < part["base"][:-1] + part["records"][:-1]).any():
-            check_chunk_rows(part, self.where)  # raises, naming the row
-        return part
-
-
-def table_rows(part: pa.Table, where: str, check: bool = True) -> np.ndarray:
-    """The chunk rows of Arrow table ``part`` (a checkpoint's or a piece's), checked (one
-    partition's or segment's rows; ``check=False``: the caller checks each)."""
-    n = part.num_rows
-    rows = np.empty(n, CHUNK_DTYPE)
-    for name in CHUNK_DTYPE.names:
-        col = COLUMNS.get(name, name)
-        if name in _OPTIONAL_COLUMNS and col not in part.column_names:
-            rows[name] = _OPTIONAL_COLUMNS[name]
-        else:
-            rows[name] = part.column(col).to_numpy()
-    if check:
-        check_chunk_rows(rows, where)  # before use: the rows index files
-    return rows
-
-
-def rows_table(rows: np.ndarray) -> pa.Table:
-    """Chunk ``rows`` as the Arrow table checkpoints and pieces store."""
-    return pa.table({COLUMNS.get(n, n): pa.array(rows[n]) for n in CHUNK_DTYPE.names})
-
 
 def _between(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
     """The rows (in offset order) holding any offset of ``[start, stop)``: a slice, found
@@ -223,19 +168,17 @@ class ChunkIndex:
         if self._inline is None:
             return
         held, start, n = self._inline
-        rows = held.rows(start, n)
+        rows, one = held.rows(start, n)
         where = held.where
         ChunkIndex.loads += 1
         seqs = rows["seq"]
-        one = self._segs.get(int(seqs[0]))
-        for seq in [one.seq] if one is not None and (seqs == one.seq).all() else \
-                np.unique(seqs).tolist():  # the usual case first: one segment
+        for seq in [int(seqs[0])] if one else np.unique(seqs).tolist():
             seg = self._segs.get(seq)
             if seg is None:  # the checkpoint's check ties rows to its segments
                 raise CorruptLog(f"checkpoint {where} is malformed: partition "
                                  f"{self.partition} has chunks of segment {seq}, which it "
                                  "does not list")
-            seg.prepend(rows[seqs == seq])
+            seg.prepend(rows if one else rows[seqs == seq])
         self._inline = None
 
     def segment_rows(self, seq: int) -> np.ndarray:
@@ -379,7 +322,7 @@ class ChunkIndex:
         if self._inline is not None:
             held, start, n = self._inline
             appended = [s.loose() for s in self._segs.values()]
-            return _in_order([held.rows(start, n), *appended])
+            return _in_order([held.rows(start, n)[0], *appended])
         return _in_order([s.loose() for s in self._segs.values()])
 
     def spans(self) -> tuple[dict[int, int], dict[int, int]]:

@@ -8,7 +8,7 @@ Layout, in the log's store (a directory under ``_log/``, or keys under the log's
 
     _index/<partition>-<seq>@<tier>/<xxh3 hex>-<rows>.idx
 
-A piece is an Arrow IPC file of :data:`~tier_store.chunk_index.CHUNK_DTYPE` rows (the
+A piece is an Arrow IPC file of :data:`~tier_store.chunk_rows.CHUNK_DTYPE` rows (the
 checkpoint's columns), then a trailer: magic, row count and the xxh3-64 of the bytes before,
 which is also in its name. A name is thus its content: writers put pieces if absent, and two
 checkpointers writing the same rows write the same file. A piece is checked before use (its

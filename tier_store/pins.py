@@ -161,6 +161,8 @@ class MappedFiles:
         """Drop the cached mappings of the partitions ``owners`` (as :func:`owner_of` names
         them) whose paths are not in ``keep``: segments a plan no longer names (moved,
         merged or deleted) are unpinned instead of held until the process ends."""
+        if not any(o in self._by_owner for o in owners):
+            return  # nothing mapped of theirs (read without the lock: a hint)
         with self._lock:
             for owner in owners:
                 for path in [p for p in self._by_owner.get(owner, ()) if p not in keep]:
@@ -233,12 +235,14 @@ PIN_WAIT_S = 10.0
 def owner_of(path: str) -> tuple[str, str] | None:
     """(topic, partition) of a segment file's path, whatever its tier; None for other
     files."""
-    pdir, name = os.path.split(path)
-    tdir, part = os.path.split(pdir)
+    parts = path.rsplit(os.sep, 3)
+    if len(parts) < 3:
+        return None
+    topic, part, name = parts[-3:]
     if not (part.isdigit() and name.endswith(SEGMENT_SUFFIX)
             and name[: -len(SEGMENT_SUFFIX)].isdigit()):
         return None
-    return os.path.basename(tdir), part
+    return topic, part
 
 
 def pin_map(path: str) -> tuple[pa.Buffer, int, int]:
@@ -268,19 +272,25 @@ def pin_read(path: str, pos: int, length: int) -> pa.Buffer:
     """Bytes ``[pos, pos + length)`` of segment file ``path``, copied under a reader pin
     held only while reading, with :func:`pin_map`'s checks. :class:`CorruptSegment` when the
     file is shorter than that range."""
-    fd, _ = _open_pinned(path)
+    fd, _ = _open_pinned(path, header=False)
     try:
-        data = os.pread(fd, length, pos)
+        # The header and the range in one read when they are close (a partition's first
+        # chunks), else two.
+        at = 0 if pos <= COPY_BYTES else pos
+        data = os.pread(fd, pos + length - at, at)
+        head = data if at == 0 else os.pread(fd, HEADER_FIELDS, 0)
     finally:
         os.close(fd)
-    if len(data) != length:
+    _check_header(head, path)
+    if len(data) != pos + length - at:
         raise CorruptSegment(f"{path}: the read of bytes [{pos}, {pos + length}) lies past "
                              "the file's end: the segment was truncated")
-    return pa.py_buffer(data)
+    return pa.py_buffer(data).slice(pos - at) if at == 0 else pa.py_buffer(data)
 
 
-def _open_pinned(path: str) -> tuple[int, os.stat_result]:
-    """``path`` opened and pinned, checked as :func:`pin_map` says: (fd, its stat)."""
+def _open_pinned(path: str, header: bool = True) -> tuple[int, os.stat_result]:
+    """``path`` opened and pinned, checked as :func:`pin_map` says (``header=False``: the
+    caller checks the header): (fd, its stat)."""
     try:
         # Never opened unless a regular file: a FIFO's open would wait for a writer.
         fd = open_regular(path, CorruptSegment, "segment file", follow=False)
@@ -310,18 +320,22 @@ def _open_pinned(path: str) -> tuple[int, os.stat_result]:
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             raise FileNotFoundError(errno.ENOENT, "segment file was released while opened",
                                     path)
-        owner = owner_of(path)
-        if owner is not None and held.st_size:
-            _check_header(fd, path, int(owner[1]),
-                          int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)]))
+        if header and held.st_size:
+            _check_header(os.pread(fd, HEADER_FIELDS, 0), path)
         return fd, held
     except BaseException:
         os.close(fd)
         raise
 
 
-def _check_header(fd: int, path: str, partition: int, seq: int) -> None:
-    hdr = SegmentHeader.unpack(os.pread(fd, HEADER_FIELDS, 0), path)
+def _check_header(data: bytes, path: str) -> None:
+    """A segment file's header (its first bytes, ``data``) must name the segment its path
+    names; other files have none to check."""
+    owner = owner_of(path)
+    if owner is None:
+        return
+    partition, seq = int(owner[1]), int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)])
+    hdr = SegmentHeader.unpack(data, path)
     if (hdr.partition, hdr.seq) != (partition, seq):
         raise CorruptSegment(f"{path}: its header names segment {hdr.partition}-{hdr.seq}, "
                              f"not {partition}-{seq} as its path does")

@@ -49,6 +49,9 @@ class PlannedChunk:
     host: str | None = None
 
 
+_LOCAL, _REMOTE = ("local_chunks", "local_bytes"), ("remote_chunks", "remote_bytes")
+
+
 class ReadCounts:
     """Chunks and bytes this process read from a local tier and from elsewhere (a shared
     tier's copy, by ranged reads), since it started: how often reads found their data
@@ -61,10 +64,10 @@ class ReadCounts:
 
     def add(self, local: bool, nbytes: int) -> None:
         """Count one chunk of ``nbytes`` read locally (``local``) or from elsewhere."""
-        where = "local" if local else "remote"
+        chunks, size = _LOCAL if local else _REMOTE
         with self._lock:
-            self._counts[f"{where}_chunks"] += 1
-            self._counts[f"{where}_bytes"] += nbytes
+            self._counts[chunks] += 1
+            self._counts[size] += nbytes
 
     def snapshot(self) -> dict[str, int]:
         """The counts so far, as a dict (``local_chunks``, ``local_bytes``,
