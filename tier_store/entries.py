@@ -279,16 +279,18 @@ def check_chunk(c: ChunkRecord) -> None:
             and pos >= 0 and n >= 1 and base >= 0 and k >= 1 and 0 <= crc < 2**64
             and base + k < INT64 and pos + n < INT64):
         _check_chunk_fields(c)
-    for name, t in (("tmin", c.tmin), ("tmax", c.tmax)):
-        if t is not None:
-            _int(name, t, -INT64 + 1)
-    if c.host is not None:
-        check_host(c.host, "host")
-    if (c.obj is None) != (c.opos is None):
-        raise ValueError(f"obj {c.obj!r} and opos {c.opos!r}: a chunk names both or neither")
-    if c.obj is not None:
-        check_bundle(c.obj)
-        _int("opos", c.opos)
+    tmin, tmax, host, obj, opos = c.tmin, c.tmax, c.host, c.obj, c.opos
+    if tmin is not None:
+        _int("tmin", tmin, -INT64 + 1)
+    if tmax is not None:
+        _int("tmax", tmax, -INT64 + 1)
+    if host is not None:
+        check_host(host, "host")
+    if obj is not None or opos is not None:
+        if obj is None or opos is None:
+            raise ValueError(f"obj {obj!r} and opos {opos!r}: a chunk names both or neither")
+        check_bundle(obj)
+        _int("opos", opos)
 
 
 def _check_chunk_fields(c: ChunkRecord) -> None:

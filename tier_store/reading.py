@@ -84,9 +84,10 @@ def read_counts() -> dict[str, int]:
     return READS.snapshot()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen (a driver makes one per partition per batch): as above
 class ReadPlan:
-    """What to read for ``[start, end)`` of one partition (picklable)."""
+    """What to read for ``[start, end)`` of one partition (picklable). Not changed once
+    planned."""
 
     root: str
     topic: str

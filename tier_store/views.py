@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
 
 def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | None,
-                   path_of: Callable[[int, int], str],
+                   path_of: Callable[[int, int, int], str],
                    bundle_url: Callable[[str], str] | None = None
                    ) -> tuple[int, list[PlannedChunk]]:
     """The chunks holding ``[start, end)`` of partition ``p`` (``end=None``: to the latest)
-    and where the range really stops; ``path_of(seq, tier)`` names a segment's file, and
+    and where the range really stops; ``path_of(p, seq, tier)`` names a segment's file, and
     ``bundle_url(obj)`` a shared object's (on a store shared by many hosts).
     :class:`DataLoss` below the earliest retained offset."""
     part = st.part(p)
@@ -49,7 +49,7 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
     for seq, pos, length, base, n, crc, ts, _, _, hi, lo, opos in sel.tolist():
         path = paths.get(seq)
         if path is None:
-            path = paths[seq] = path_of(seq, segs[seq].tier)
+            path = paths[seq] = path_of(p, seq, segs[seq].tier)
         if opos < 0 or bundle_url is None:
             chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
         else:
@@ -67,18 +67,17 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
         (lambda obj: shared.bundle_url(topic, st.topic_id, obj))
     dirs: dict[int, str] = {}  # per tier, the topic's directory: joined once
 
-    def path_of(p: int) -> Callable[[int, int], str]:
-        def of(seq: int, tier: int) -> str:
-            where = dirs.get(tier)
-            if where is None:
-                where = dirs[tier] = topic_dir(store.tier(tier).path, topic)
-            return f"{where}/{p}/{seq:020d}{SEGMENT_SUFFIX}"
-        return of
+    def path_of(p: int, seq: int, tier: int) -> str:
+        where = dirs.get(tier)
+        if where is None:
+            where = dirs[tier] = topic_dir(store.tier(tier).path, topic)
+        return f"{where}/{p}/{seq:020d}{SEGMENT_SUFFIX}"
 
+    root, tid = store.root, st.topic_id
     out = []
     for p, start, end in ranges:
-        stop, chunks = planned_chunks(topic, st, p, start, end, path_of(p), bundle_url)
-        out.append(ReadPlan(store.root, topic, p, start, stop, tuple(chunks), st.topic_id))
+        stop, chunks = planned_chunks(topic, st, p, start, end, path_of, bundle_url)
+        out.append(ReadPlan(root, topic, p, start, stop, tuple(chunks), tid))
     return out
 
 
