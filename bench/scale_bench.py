@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -71,6 +72,10 @@ def _dir_bytes(path: str) -> tuple[int, int]:
 
 
 # -- history ------------------------------------------------------------------------------------
+WINDOW = 10_000  # commits: the first and last windows compared
+SECTIONS = ("history", "partitions", "topics", "memory", "driver", "defaults")
+
+
 def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_000) -> dict:
     root = os.path.join(base, "history")
     store = Store.open(root, {"log.segment.bytes": "64m", "storage.tiers.first.sizes": "64g",
@@ -100,14 +105,14 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
                         pass
         if i in marks:
             sizes[i] = _dir_bytes(log_dir)
-    tenth = max(1, commits // 10)
+    tenth = max(1, min(commits // 10, WINDOW))  # the issue's windows: 10,000 commits
     first, last = times[:tenth], times[-tenth:]
     after = times[tenth:]
     worst = int(np.argmax(after)) + tenth if after else 0
     early = [b for c, b in cp_bytes if c <= tenth] or [0]
     late = [b for c, b in cp_bytes if c > commits - tenth] or [0]
     store.close()
-    return {"commits": commits, "partitions": partitions,
+    return {"commits": commits, "partitions": partitions, "window": tenth,
             "first_p50": _pct(first, 50), "first_p99": _pct(first, 99),
             "last_p50": _pct(last, 50), "last_p99": _pct(last, 99),
             "max_after_first": max(after) if after else 0.0, "max_at": worst + 1,
@@ -257,6 +262,15 @@ def memory(base: str, gb: float) -> dict:
 
 # -- the Spark driver ---------------------------------------------------------------------------
 def driver(base: str, n: int = 1024) -> dict:
+    """In a process of its own, as a streaming query's Python reader runs: a process that
+    holds this bench's other sections would pay for their objects in every collection."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--driver-child",
+                          base, str(n)], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(HERE))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _driver(base: str, n: int, batches: int = 30) -> dict:
     from pyspark.sql.types import StructType
 
     from pafka_source.options import SourceOptions
@@ -279,7 +293,7 @@ def driver(base: str, n: int = 1024) -> dict:
                                                     "startingOffsets": "earliest"}), schema)
     start = reader.initialOffset()
     times = []
-    for _ in range(10):
+    for _ in range(batches):
         one_batch()
         t0 = time.perf_counter()
         end = reader.latestOffset(start, reader.getDefaultReadLimit())
@@ -288,7 +302,8 @@ def driver(base: str, n: int = 1024) -> dict:
         times.append(time.perf_counter() - t0)
         start = end
     store.close()
-    return {"partitions": n, "per_batch": statistics.median(times)}
+    return {"partitions": n, "per_batch": statistics.median(times), "fastest": min(times),
+            "batches": batches}
 
 
 # -- defaults -----------------------------------------------------------------------------------
@@ -316,13 +331,39 @@ def report(args: argparse.Namespace, r: dict) -> str:
     def ms(x: float) -> str:
         return f"{x * 1e3:.2f} ms"
 
-    h = r["history"]
     lines = ["## Scaling (`bench/scale_bench.py`)", "",
              f"Each figure beside its small-size peer from the same run; targets in brackets. "
-             f"Command: `.venv/bin/python bench/scale_bench.py {' '.join(sys.argv[1:])}`.", "",
-             f"**History**: {h['commits']:,} commits to {h['partitions']} partitions (one "
+             f"Command: `.venv/bin/python bench/scale_bench.py {' '.join(sys.argv[1:])}`."]
+    if "history" in r:
+        lines += _history_lines(r, ms)
+    if "partitions" in r:
+        lines += _partition_lines(r, ms)
+    if "topics" in r:
+        lines += _topic_lines(r, ms)
+    if "memory" in r:
+        m = r["memory"]
+        lines += ["", f"**Memory**: reading {m['read_bytes'] / 1e9:.1f} GB start to end peaked "
+                  f"at {m['peak_rss'] / 2**30:.2f} GiB RSS (≈ 1 GiB at most)."]
+    if "driver" in r:
+        d = r["driver"]
+        lines += ["", f"**Spark driver** at {d['partitions']:,} partitions: `latestOffset` + "
+                  f"`reportLatestOffset` + `partitions` took {ms(d['per_batch'])} per "
+                  f"micro-batch (median of {d['batches']}; fastest {ms(d['fastest'])}; "
+                  "≤ 20 ms), in a process of its own, as a query's reader runs."]
+    if "defaults" in r:
+        f = r["defaults"]
+        lines += ["", f"**Defaults**: `Store.open(root)` took {f['written'] / 1e9:.2f} GB"
+                  + (f", then failed: {f['error']}" if f["error"] else " without an error")
+                  + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _history_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
+    h = r["history"]
+    w = h.get("window", h["commits"] // 10)
+    lines = ["", f"**History**: {h['commits']:,} commits to {h['partitions']} partitions (one "
              "1-record chunk each).", "",
-             "| figure | first 10% | last 10% | ratio |", "|---|---|---|---|",
+             f"| figure | first {w:,} commits | last {w:,} | ratio |", "|---|---|---|---|",
              f"| commit p50 | {ms(h['first_p50'])} | {ms(h['last_p50'])} | "
              f"{h['last_p50'] / h['first_p50']:.2f}× (≤ 1.5×) |",
              f"| commit p99 | {ms(h['first_p99'])} | {ms(h['last_p99'])} | "
@@ -330,19 +371,22 @@ def report(args: argparse.Namespace, r: dict) -> str:
              f"| checkpoint bytes | {h['checkpoint_bytes_early']:,.0f} | "
              f"{h['checkpoint_bytes_late']:,.0f} | "
              f"{h['checkpoint_bytes_late'] / max(1, h['checkpoint_bytes_early']):.1f}× (flat) |",
-             "", f"Slowest commit after the first 10%: {ms(h['max_after_first'])} (commit "
+             "", f"Slowest commit after the first {w:,}: {ms(h['max_after_first'])} (commit "
              f"{h['max_at']:,}; target ≤ 100 ms). `_log/` files and bytes: "
              + ", ".join(f"{int(k):,} commits: {v[0]:,} files, {v[1] / 1e6:,.1f} MB"
                          for k, v in h["log_dir"].items())
              + f" (the log keeps what was written within `log.cleanup.grace.ms`, "
              f"{h.get('grace_ms', 600_000) / 1000:,.0f} s here)."]
     o = r["open"]
-    lines += ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
+    return lines + ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
               f"{o['chunks']:,} chunks): {ms(o['at_checkpoint'])} at a checkpoint, "
               f"{ms(o['after'])} {o['extra']} entries after it (≤ 20 ms)."]
+
+
+def _partition_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
     p = r["partitions"]
     one = p[min(p, key=int)]
-    lines += ["", "**Partitions** (1-record appends, partitions in turn; a one-record read "
+    lines = ["", "**Partitions** (1-record appends, partitions in turn; a one-record read "
               "of each partition from a fresh handle):", "",
               "| partitions | append p50 | ratio to 1 partition | read, per partition |",
               "|---|---|---|---|"]
@@ -350,9 +394,13 @@ def report(args: argparse.Namespace, r: dict) -> str:
         lines.append(f"| {int(n):,} | {ms(v['append_p50'])} | "
                      f"{v['append_p50'] / one['append_p50']:.2f}× (≤ 1.5×) | "
                      f"{v['read_per_partition'] * 1e6:.0f} µs (≤ 50 µs) |")
+    return lines
+
+
+def _topic_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
     t = r["topics"]
     many = int(max(t, key=int))
-    lines += ["", f"**Topics** (a new segment; {many:,} topics beside 1; tier 1 sized by its "
+    lines = ["", f"**Topics** (a new segment; {many:,} topics beside 1; tier 1 sized by its "
               "filesystem, the default, and of a fixed size, whose usage placement counts):",
               "", "| figure | 1 topic | many | ratio |", "|---|---|---|---|"]
     for label, t in (("default", r["topics"]), ("fixed size", r["topics_sized"])):
@@ -364,20 +412,13 @@ def report(args: argparse.Namespace, r: dict) -> str:
     small, big = r["topics"]["1"], r["topics"][str(many)]
     lines.append(f"| `Store.open` + `topics()` | {ms(small['open_and_topics'])} | "
                  f"{ms(big['open_and_topics'])} | (≤ 100 ms) |")
-    m = r["memory"]
-    lines += ["", f"**Memory**: reading {m['read_bytes'] / 1e9:.1f} GB start to end peaked at "
-              f"{m['peak_rss'] / 2**30:.2f} GiB RSS (≈ 1 GiB at most)."]
-    d = r["driver"]
-    lines += ["", f"**Spark driver** at {d['partitions']:,} partitions: `latestOffset` + "
-              f"`reportLatestOffset` + `partitions` took {ms(d['per_batch'])} per micro-batch "
-              "(≤ 20 ms)."]
-    f = r["defaults"]
-    lines += ["", f"**Defaults**: `Store.open(root)` took {f['written'] / 1e9:.2f} GB"
-              + (f", then failed: {f['error']}" if f["error"] else " without an error") + "."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--driver-child"]:
+        print(json.dumps(_driver(sys.argv[2], int(sys.argv[3]))), flush=True)
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commits", type=int_range(1000, 10**8), default=100_000)
     ap.add_argument("--partitions", default="1,256,1024",
@@ -389,30 +430,41 @@ def main() -> None:
     ap.add_argument("--grace-ms", type=int_range(0, 10**9), default=600_000,
                     help="log.cleanup.grace.ms of the history run (default the store's): "
                          "the log keeps what was written within it")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"which to run, comma-separated (default all: {','.join(SECTIONS)})")
     add_output_args(ap)
     args = ap.parse_args()
+    run = set(args.sections.split(","))
+    if not run or not run <= set(SECTIONS):
+        ap.error(f"--sections {args.sections!r}: each must be one of {', '.join(SECTIONS)}")
     output = Output(args)
     base = tempfile.mkdtemp(prefix="pafka-scale-", dir=os.path.join(HERE))
     r: dict = {}
     try:
-        print("history", flush=True)
-        r["history"] = history(base, args.commits, grace_ms=args.grace_ms)
-        print(r["history"], flush=True)
-        r["open"] = open_costs(r["history"].pop("root"), args.commits)
-        print(r["open"], flush=True)
-        shutil.rmtree(os.path.join(base, "history"), ignore_errors=True)
-        r["partitions"] = partitions(base, [int(x) for x in args.partitions.split(",")])
-        print(r["partitions"], flush=True)
-        r["topics"] = topics(base, args.topics)
-        print(r["topics"], flush=True)
-        r["topics_sized"] = topics(base, args.topics, sized=True)
-        print(r["topics_sized"], flush=True)
-        r["memory"] = memory(base, args.read_gb)
-        print(r["memory"], flush=True)
-        r["driver"] = driver(base, args.driver_partitions)
-        print(r["driver"], flush=True)
-        r["defaults"] = defaults(base, args.default_write_gb)
-        print(r["defaults"], flush=True)
+        if "history" in run:
+            print("history", flush=True)
+            r["history"] = history(base, args.commits, grace_ms=args.grace_ms)
+            print(r["history"], flush=True)
+            r["open"] = open_costs(r["history"].pop("root"), args.commits)
+            print(r["open"], flush=True)
+            shutil.rmtree(os.path.join(base, "history"), ignore_errors=True)
+        if "partitions" in run:
+            r["partitions"] = partitions(base, [int(x) for x in args.partitions.split(",")])
+            print(r["partitions"], flush=True)
+        if "topics" in run:
+            r["topics"] = topics(base, args.topics)
+            print(r["topics"], flush=True)
+            r["topics_sized"] = topics(base, args.topics, sized=True)
+            print(r["topics_sized"], flush=True)
+        if "memory" in run:
+            r["memory"] = memory(base, args.read_gb)
+            print(r["memory"], flush=True)
+        if "driver" in run:
+            r["driver"] = driver(base, args.driver_partitions)
+            print(r["driver"], flush=True)
+        if "defaults" in run:
+            r["defaults"] = defaults(base, args.default_write_gb)
+            print(r["defaults"], flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     dump_raw(r)
