@@ -366,3 +366,26 @@ def test_a_stream_readers_driver_plans_each_topic_at_once_and_loads_no_chunk_ind
     assert counted.calls.get("plan_read", 0) == 0
     assert counted.calls["plan_reads"] == 3  # once per topic per batch, not per partition
     assert counted.calls.get("bytes_between", 0) == 0  # caught up: nothing behind to weigh
+
+
+def test_writing_to_many_partitions_keeps_a_bounded_number_of_lock_files_open(tmp_path,
+                                                                              monkeypatch):
+    # A descriptor per partition lock ever taken ran a writer of 10,000 partitions out of
+    # descriptors (with one per active segment besides).
+    import os
+
+    from tier_store import locks
+    monkeypatch.setattr(locks, "OPEN_LOCK_FILES", 32)
+    s = _store(tmp_path)
+    t = s.create_topic("t", pa.schema([("key", pa.int64()), ("ts", pa.int64()),
+                                       ("value", pa.string())]), partitions=300)
+    before = len(os.listdir("/proc/self/fd"))
+    for p in range(300):
+        t.append(make_batch(p, 1), partition=p)
+        assert locks.open_lock_files() <= 33  # the bound, and the one in use while trimming
+    opened = len(os.listdir("/proc/self/fd")) - before
+    assert opened <= 300 + 40  # an active segment per partition, and the bounded locks
+    # Every partition still locks and appends after its descriptor was closed.
+    for p in range(300):
+        t.append(make_batch(1000 + p, 1), partition=p)
+    assert sum(t.latest_offsets().values()) == 600

@@ -1,9 +1,12 @@
 """Cross-process locks on local lock files: a thread lock and ``flock``, held per process.
 
-Each lock file is opened once per process and kept open (opening and closing it would drop
-``flock`` locks other threads hold through it). A descriptor whose file no longer is the
-one at its path (its topic was deleted, and perhaps created again) is replaced, so a process
-never locks a file other processes no longer use. A forked child opens its own.
+A lock file's descriptor is kept open between uses, for the :data:`OPEN_LOCK_FILES` most
+recently used: a process that writes to thousands of partitions would otherwise hold a
+descriptor for each, and run out. One is closed only while no thread of this process uses
+it (closing a descriptor drops the ``flock`` held through it). A descriptor whose file no
+longer is the one at its path (its topic was deleted, and perhaps created again) is
+replaced, so a process never locks a file other processes no longer use. A forked child
+opens its own.
 """
 
 from __future__ import annotations
@@ -12,11 +15,16 @@ import contextlib
 import fcntl
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
+from itertools import islice
+
+OPEN_LOCK_FILES = 256
+"""Lock files a process keeps open between uses, least recently used first out."""
 
 _guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
-_fds: dict[str, int] = {}
+_fds: OrderedDict[str, int] = OrderedDict()  # guarded by _guard
 
 
 def _forget_after_fork() -> None:
@@ -38,11 +46,16 @@ def _lock_fd(path: str, blocking: bool) -> int:
     """Take the ``flock`` of lock file ``path``: its descriptor, or -1 when it is busy
     (non-blocking). Caller holds the path's thread lock."""
     while True:
-        fd = _fds.get(path)
+        with _guard:
+            fd = _fds.get(path)
+            if fd is not None:
+                _fds.move_to_end(path)
         if fd is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            _fds[path] = fd
+            with _guard:
+                _fds[path] = fd
+            _trim(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -54,8 +67,28 @@ def _lock_fd(path: str, blocking: bool) -> int:
             named = None
         if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
             return fd
-        del _fds[path]
+        with _guard:
+            del _fds[path]
         os.close(fd)  # drops the lock on the old file
+
+
+def _trim(keep: str) -> None:
+    """Close the least recently used descriptors beyond :data:`OPEN_LOCK_FILES` that no
+    thread uses now (``keep``: the caller's own)."""
+    with _guard:
+        over = len(_fds) - OPEN_LOCK_FILES
+        old = [p for p in islice(_fds, over + 1) if p != keep][:over] if over > 0 else []
+    for path in old:
+        tl = _thread_lock(path)
+        if not tl.acquire(blocking=False):
+            continue  # in use: closed by a later trim
+        try:
+            with _guard:
+                fd = _fds.pop(path, None)
+            if fd is not None:
+                os.close(fd)
+        finally:
+            tl.release()
 
 
 @contextlib.contextmanager
@@ -79,6 +112,12 @@ def held(path: str, blocking: bool = True) -> Iterator[bool]:
         tl.release()
 
 
+def open_lock_files() -> int:
+    """How many lock files this process holds open now."""
+    with _guard:
+        return len(_fds)
+
+
 def forget(prefix: str) -> None:
     """Close this process's lock files under ``prefix`` (their topic is being deleted)."""
     with _guard:
@@ -86,9 +125,10 @@ def forget(prefix: str) -> None:
     for path in paths:
         # Under the path's thread lock: a thread of this process may hold the flock.
         with _thread_lock(path):
-            fd = _fds.pop(path, None)
+            with _guard:
+                fd = _fds.pop(path, None)
             if fd is not None:
                 os.close(fd)
 
 
-__all__ = ["forget", "held"]
+__all__ = ["OPEN_LOCK_FILES", "forget", "held", "open_lock_files"]
