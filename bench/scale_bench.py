@@ -415,6 +415,19 @@ def _topic_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
     return lines
 
 
+def _raise_open_files(want: int = 65536) -> int:
+    """Raise this process's descriptor limit toward ``want`` (a writer holds two per topic
+    handle and one per active segment, as a Kafka broker does); returns the limit now."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)))
+        except (ValueError, OSError):  # not root: as far as the hard limit goes
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--driver-child"]:
         print(json.dumps(_driver(sys.argv[2], int(sys.argv[3]))), flush=True)
@@ -435,6 +448,7 @@ def main() -> None:
     add_output_args(ap)
     args = ap.parse_args()
     run = set(args.sections.split(","))
+    print(f"open files limit: {_raise_open_files()}", flush=True)
     if not run or not run <= set(SECTIONS):
         ap.error(f"--sections {args.sections!r}: each must be one of {', '.join(SECTIONS)}")
     output = Output(args)
