@@ -198,6 +198,8 @@ def topics(base: str, count: int, sized: bool = False) -> dict:
         for i in range(n):
             store.create_topic(f"t{i}", SCHEMA, partitions=1)
             store.topic(f"t{i}").append(ONE)
+            if i:  # its handle let go: two descriptors each would pass 20,000 topics' worth
+                store.forget_topic(f"t{i}")
         t = store.topic("t0")
         warm = []
         for _ in range(20):  # each: a new partition's first segment, on a warm handle
