@@ -25,7 +25,7 @@ from .chunk_rows import (
     COLUMNS,
     NO_TIME,
     InlineRows,
-    _row,
+    chunk_row,
     rows_table,
     table_rows,
 )
@@ -245,7 +245,7 @@ class ChunkIndex:
     # -- changes (replay) -----------------------------------------------------------------
     def append(self, c: ChunkRecord, ts: int) -> None:
         """Add chunk ``c``, committed at ``ts`` (after every chunk already here)."""
-        row = _row(c, ts)
+        row = chunk_row(c, ts)
         seg = self._segs.get(c.seq)
         if seg is None:
             seg = self._segs[c.seq] = SegmentRows(c.seq, c.tier)
@@ -272,7 +272,7 @@ class ChunkIndex:
         old = _in_order([self.segment_rows(s) for s in seqs])
         repl = np.empty(len(new), CHUNK_DTYPE)
         for i, c in enumerate(new):
-            repl[i] = _row(c, 0)
+            repl[i] = chunk_row(c, 0)
         repl.sort(order="base", kind="stable")
         if len(old):
             at = np.searchsorted(old["base"], repl["base"])

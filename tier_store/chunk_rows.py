@@ -27,7 +27,7 @@ COLUMN_TYPES = {COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
                  for n in CHUNK_DTYPE.names if n not in _OPTIONAL_COLUMNS}
 
 
-def _row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
+def chunk_row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
     """A chunk as a row of :data:`CHUNK_DTYPE`."""
     hi, lo = bundle_halves(c.obj) if c.obj is not None else (0, 0)
     return (c.seq, c.pos, c.length, c.base, c.records, c.checksum, ts,
@@ -82,5 +82,5 @@ def rows_table(rows: np.ndarray) -> pa.Table:
     return pa.table({COLUMNS.get(n, n): pa.array(rows[n]) for n in CHUNK_DTYPE.names})
 
 
-__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "InlineRows", "rows_table",
-           "table_rows"]
+__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "InlineRows", "chunk_row",
+           "rows_table", "table_rows"]

@@ -285,7 +285,7 @@ def pin_read(path: str, pos: int, length: int) -> pa.Buffer:
     if len(data) != pos + length - at:
         raise CorruptSegment(f"{path}: the read of bytes [{pos}, {pos + length}) lies past "
                              "the file's end: the segment was truncated")
-    return pa.py_buffer(data).slice(pos - at) if at == 0 else pa.py_buffer(data)
+    return pa.py_buffer(data).slice(pos - at)  # from byte pos, whichever read it was
 
 
 def _open_pinned(path: str, header: bool = True) -> tuple[int, os.stat_result]:
