@@ -32,6 +32,18 @@ def record_fsyncs(monkeypatch) -> list[tuple[str, str]]:
     return calls
 
 
+def fds_on(path: str) -> int:
+    """How many of this process's descriptors name ``path``; one closed by another thread
+    while counting is not counted."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == path
+        except FileNotFoundError:
+            pass
+    return n
+
+
 def pmem_hdd_config(shm_dir: str, **extra: Any) -> dict[str, Any]:
     """A tiered store's configuration: a PMEM tier 1 of 1 MiB on ``shm_dir`` (16 pool files
     of 64 KiB segments), a disk tier 2; ``extra`` keys added or overriding."""

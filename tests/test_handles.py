@@ -99,15 +99,14 @@ def test_a_dropped_handle_is_released_off_the_collecting_thread(tmp_path, monkey
     from tier_store import Store
 
     from .conftest import SCHEMA, make_batch
-    from .support import record_fsyncs
+    from .support import fds_on, record_fsyncs
 
     s = Store.open(tmp_path / "s", {"log.segment.bytes": "64k"})
     s.create_topic("t", SCHEMA, partitions=1).write_chunks(make_batch(0, 100), durable=False)
     seg = os.path.join(s.tier(1).path, "t", "0", "00000000000000000000.seg")
 
     def open_on_segment() -> int:
-        return sum(1 for fd in os.listdir("/proc/self/fd")
-                   if os.path.realpath(f"/proc/self/fd/{fd}") == seg)
+        return fds_on(seg)
 
     assert open_on_segment() == 1
     calls = record_fsyncs(monkeypatch)
