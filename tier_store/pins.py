@@ -19,6 +19,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .errors import CorruptSegment, PafkaError
-from .layout import SEGMENT_SUFFIX, open_regular
+from .layout import SEGMENT_SUFFIX, not_regular
 from .segment import HEADER_FIELDS, SegmentHeader
 
 PIN_IDLE_S = 5.0
@@ -288,16 +289,22 @@ def pin_read(path: str, pos: int, length: int) -> pa.Buffer:
     return pa.py_buffer(data).slice(pos - at)  # from byte pos, whichever read it was
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
 def _open_pinned(path: str, header: bool = True) -> tuple[int, os.stat_result]:
     """``path`` opened and pinned, checked as :func:`pin_map` says (``header=False``: the
     caller checks the header): (fd, its stat)."""
+    # Never opened unless a regular file: a FIFO's open would wait for a writer, a device's
+    # may act. O_NOFOLLOW and O_NONBLOCK cover a name changed between this stat and the open.
+    first = os.stat(path, follow_symlinks=False)  # FileNotFoundError for a missing file
+    if not stat.S_ISREG(first.st_mode):
+        raise _not_a_segment(path, first.st_mode)
     try:
-        # Never opened unless a regular file: a FIFO's open would wait for a writer.
-        fd = open_regular(path, CorruptSegment, "segment file", follow=False)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise CorruptSegment(f"{path} is a symbolic link: segment files are never read "
-                                 "through links") from None
+            raise _not_a_segment(path, stat.S_IFLNK) from None
         raise
     try:
         deadline = time.monotonic() + PIN_WAIT_S
@@ -313,6 +320,9 @@ def _open_pinned(path: str, header: bool = True) -> tuple[int, os.stat_result]:
                                      "cannot pin it for reading, try again") from None
                 time.sleep(0.002)
         held = os.fstat(fd)
+        if not stat.S_ISREG(held.st_mode):
+            raise _not_a_segment(path, held.st_mode)
+        # Pinned: the path must still name the file opened (not released to a pool since).
         try:
             named = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
@@ -326,6 +336,13 @@ def _open_pinned(path: str, header: bool = True) -> tuple[int, os.stat_result]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _not_a_segment(path: str, mode: int) -> CorruptSegment:
+    if stat.S_ISLNK(mode):
+        return CorruptSegment(f"{path} is a symbolic link: segment files are never read "
+                              "through links")
+    return not_regular(CorruptSegment, "segment file", path, mode)
 
 
 def _check_header(data: bytes, path: str) -> None:
