@@ -19,7 +19,7 @@ import binascii
 import json
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import pyarrow as pa
 import xxhash
@@ -65,9 +65,11 @@ def _from_disk(fields: dict[str, Any]) -> dict[str, Any]:
     return {_PY_NAMES.get(k, k): v for k, v in fields.items()}
 
 
-@dataclass(frozen=True)
-class ChunkRecord:
-    """A committed chunk: where it lives, which offsets it holds, and its checksum."""
+class ChunkRecord(NamedTuple):
+    """A committed chunk: where it lives, which offsets it holds, and its checksum.
+
+    A named tuple, not a dataclass: a refresh builds one per chunk committed, and a frozen
+    dataclass's constructor cost ten times as much."""
 
     partition: int
     seq: int  # segment sequence within the partition
@@ -90,20 +92,17 @@ class ChunkRecord:
 # Fields of a chunk left out of its JSON when None: a single-host store's entries stay as
 # they were before stores were shared.
 _OPTIONAL = ("host", "obj", "opos")
-
-
-_CHUNK_FIELDS = tuple((f.name, _DISK_NAMES.get(f.name, f.name))
-                      for f in fields(ChunkRecord))
+_CHUNK_FIELDS = tuple((name, _DISK_NAMES.get(name, name)) for name in ChunkRecord._fields)
+_DISK_ORDER = tuple(disk for _, disk in _CHUNK_FIELDS)
+_LAST_REQUIRED = len(_DISK_ORDER) - len(_OPTIONAL)
 
 
 def chunk_json(c: ChunkRecord) -> dict[str, Any]:
-    """A chunk as its entry's JSON holds it. Built field by field: ``asdict``'s deep copy
-    cost more than the rest of a commit of a thousand chunks."""
-    d = {disk: getattr(c, name) for name, disk in _CHUNK_FIELDS}
-    for k in _OPTIONAL:
-        if d[k] is None:
-            del d[k]
-    return d
+    """A chunk as its entry's JSON holds it (the shared-store fields only when set)."""
+    if c.host is None and c.obj is None and c.opos is None:
+        return dict(zip(_DISK_ORDER[:_LAST_REQUIRED], c, strict=False))
+    return {k: v for k, v in zip(_DISK_ORDER, c, strict=True)
+            if v is not None or k not in _OPTIONAL}
 
 
 @dataclass(frozen=True)
@@ -244,14 +243,21 @@ _REQUIRED = tuple(disk for name, disk in _CHUNK_FIELDS
                   if name not in ("tmin", "tmax", *_OPTIONAL))
 
 
+_PLAIN_KEYS = frozenset(_DISK_ORDER[:_LAST_REQUIRED])  # a single-host store's chunk
+_new_chunk = tuple.__new__
+
+
 def _chunk(c: Any) -> ChunkRecord:
+    if type(c) is dict and c.keys() == _PLAIN_KEYS:  # the usual chunk: positional, at once
+        return _new_chunk(ChunkRecord, (c["p"], c["seq"], c["tier"], c["pos"], c["len"],
+                                        c["base"], c["n"], c["crc"], c["tmin"], c["tmax"],
+                                        None, None, None))
     if not isinstance(c, dict):
         raise TypeError(f"a chunk is {c!r}, not an object")
     if not _DISK_KEYS.issuperset(c):
         unknown = sorted(set(c) - _DISK_KEYS)
         raise TypeError(f"a chunk names unknown field(s) {', '.join(unknown)}")
     g = c.get
-    # Positional, in field order: an entry may hold thousands of chunks.
     return ChunkRecord(c["p"], c["seq"], c["tier"], c["pos"], c["len"], c["base"], c["n"],
                        c["crc"], g("tmin"), g("tmax"), g("host"), g("obj"), g("opos"))
 
