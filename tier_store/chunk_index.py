@@ -14,6 +14,7 @@ asks for offsets never pays for the chunks.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -73,6 +74,9 @@ class SegmentRows:
         self.seq, self.tier = seq, tier
         self.pieces = list(pieces)
         self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
+        # The loose rows' bases as Python ints: a stream's next batch is found among them by
+        # bisection, without numpy's per-call cost (a driver asks once per partition).
+        self._bases: list[int] = []
         self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
         self.end = max((r.end for r in self.pieces), default=-1)
 
@@ -90,6 +94,7 @@ class SegmentRows:
             self._a = grown
         self._a[self._n:self._n + len(rows)] = rows
         self._n += len(rows)
+        self._bases += rows["base"].tolist()
         self._span(rows)
 
     def _span(self, rows: np.ndarray) -> None:
@@ -106,6 +111,7 @@ class SegmentRows:
             self._a = grown
         self._a[self._n] = row
         self._n += 1
+        self._bases.append(base)
         self.base = base if self.base < 0 else min(self.base, base)
         self.end = max(self.end, end)
 
@@ -113,15 +119,26 @@ class SegmentRows:
         """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
         if not self._n:  # held as they are (a view): the next row added grows a new array
             self._a, self._n = rows, len(rows)
+            self._bases = rows["base"].tolist()
             self._span(rows)
             return
         tail = self.loose().copy()
-        self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
+        self._a, self._n, self._bases = np.empty(0, CHUNK_DTYPE), 0, []
         self.add(rows)
         self.add(tail)
 
     def keep_loose(self, rows: np.ndarray) -> None:
         self._a, self._n = rows.copy(), len(rows)
+        self._bases = rows["base"].tolist()
+
+    def loose_between(self, start: int, stop: int) -> np.ndarray:
+        """The loose rows holding any offset of ``[start, stop)`` (see :func:`_between`)."""
+        bases = self._bases
+        i = max(0, bisect_right(bases, start) - 1)
+        j = bisect_left(bases, stop, i)
+        if i < j and bases[i] + int(self._a[i]["records"]) <= start:
+            i += 1
+        return self._a[i:j]
 
     def spans(self) -> tuple[int, int]:
         """(bytes of its chunks, each aligned; the same packed as a move lays them out:
@@ -219,7 +236,7 @@ class ChunkIndex:
                 parts.extend(_between(self._piece(seg, r), start, stop) for r in seg.pieces
                              if r.end > start and r.base < stop)
             if seg._n:
-                parts.append(_between(seg._a[:seg._n], start, stop))
+                parts.append(seg.loose_between(start, stop))
         if len(parts) == 1:  # the usual case: one segment's rows, in order already
             return parts[0]
         return _in_order(parts) if parts else _EMPTY
