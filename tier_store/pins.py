@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from .errors import CorruptSegment, PafkaError
 from .layout import SEGMENT_SUFFIX, not_regular
-from .segment import HEADER_FIELDS, SegmentHeader
+from .segment import HEADER_FIELDS, SegmentHeader, header_names
 
 PIN_IDLE_S = 5.0
 """A cached mapping unused this long is dropped, and with it the reader's pin on the file."""
@@ -351,8 +351,11 @@ def _check_header(data: bytes, path: str) -> None:
     owner = owner_of(path)
     if owner is None:
         return
-    partition, seq = int(owner[1]), int(os.path.basename(path)[: -len(SEGMENT_SUFFIX)])
-    hdr = SegmentHeader.unpack(data, path)
+    partition = int(owner[1])
+    seq = int(path[path.rfind(os.sep) + 1: -len(SEGMENT_SUFFIX)])
+    if header_names(data, partition, seq):
+        return  # the usual case: no header object built
+    hdr = SegmentHeader.unpack(data, path)  # CorruptSegment naming what is malformed
     if (hdr.partition, hdr.seq) != (partition, seq):
         raise CorruptSegment(f"{path}: its header names segment {hdr.partition}-{hdr.seq}, "
                              f"not {partition}-{seq} as its path does")

@@ -44,6 +44,16 @@ SEALED_OFFSET = 32
 WORD = struct.Struct("<Q")
 
 
+def header_names(data: bytes, partition: int, seq: int) -> bool:
+    """Whether ``data`` starts with a well-formed header of segment ``partition``-``seq``:
+    a check without decoding (a fresh reader makes it for every partition it reads)."""
+    if len(data) < HEADER_FIELDS:
+        return False
+    magic, version, p, q, end, _, _ = _FMT.unpack_from(data, 0)
+    return magic == MAGIC and version == VERSION and p == partition and q == seq and \
+        end >= HEADER_SIZE
+
+
 def align(n: int) -> int:
     return (n + CHUNK_ALIGN - 1) & ~(CHUNK_ALIGN - 1)
 
