@@ -93,7 +93,7 @@ def topic_lag(topic: Topic, start: dict[str, int] | None, end: dict[str, int],
 
     Segments come from the commit log's state, not their files: a measurement reads no
     segment and cannot fail on one being moved."""
-    st = topic.state()  # one refresh; then O(partitions + segments in the batch)
+    st = topic.state()  # one refresh; then O(partitions + chunks in the batch)
     latest = dict(enumerate(st.next_offset))
     earliest = st.start_offset
     behind: dict[int, int] = {}
@@ -110,16 +110,10 @@ def topic_lag(topic: Topic, start: dict[str, int] | None, end: dict[str, int],
             if p >= len(earliest):
                 continue
             s = max(int((start or {}).get(p_s, earliest[p])), earliest[p])
-            for seg in st.part(p).segments.values():
-                if seg.end <= s or seg.base >= e:
-                    continue
-                # Whole segments count their bytes; a part, its share of them (the batch's
-                # bytes only weigh the tier-1 share).
-                lo, hi = max(s, seg.base), min(e, seg.end)
-                n = seg.bytes if (lo, hi) == (seg.base, seg.end) else \
-                    seg.bytes * (hi - lo) // max(1, seg.end - seg.base)
-                batch += n
-                tier1 += n if seg.tier == 1 else 0
+            if e > s:  # only the batch's chunks: not every segment of the partition
+                by_tier = topic.bytes_by_tier(p, s, e)
+                batch += sum(by_tier.values())
+                tier1 += by_tier.get(1, 0)
     return TopicLag(topic.name, sum(behind.values()), nbytes, behind, batch, tier1)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from tier_store import Store
 from tier_store.maintenance import retention
@@ -389,3 +391,48 @@ def test_writing_to_many_partitions_keeps_a_bounded_number_of_lock_files_open(tm
     for p in range(300):
         t.append(make_batch(1000 + p, 1), partition=p)
     assert sum(t.latest_offsets().values()) == 600
+
+
+def test_finding_a_ranges_chunks_visits_only_the_segments_near_it(tmp_path):
+    # A stream's driver plans and weighs each partition's newest chunks every batch: that
+    # must not visit every segment the partition ever kept (a year holds thousands).
+    from tier_store.chunk_index import ChunkIndex
+    store = _store(tmp_path)
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    _fill_segments(topic, 120)
+    topic.append(make_batch(0, 1), partition=0)
+    assert len(topic.segments()) >= 100
+    fresh = Store.open(str(tmp_path / "store")).topic("t")
+    end = fresh.latest_offsets()[0]
+    before = ChunkIndex.visits
+    for _ in range(10):
+        assert [b.num_rows for b in fresh.read(0, end - 1, end)] == [1]
+        assert fresh.bytes_by_tier(0, end - 1, end)
+    assert ChunkIndex.visits - before <= 20 * 2  # the newest segment, and one before it
+    # The whole range still finds every chunk.
+    assert sum(b.num_rows for b in fresh.read(0, 0)) == end
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 3), hst.integers(1, 5)), min_size=1, max_size=60),
+       hst.integers(0, 200), hst.integers(1, 60))
+def test_the_segments_holding_a_range_are_those_a_full_scan_finds(appends, start, span):
+    # Writers interleave segments (each append goes to one of four), so a segment's
+    # offsets need not be one range: the ordered search must still find all of them.
+    from tier_store.chunk_index import ChunkIndex
+    from tier_store.entries import ChunkRecord
+    idx = ChunkIndex(0)
+    nxt = 0
+    for i, (seq, n) in enumerate(appends):
+        idx.append(ChunkRecord(0, seq, 1, 4096 + 512 * i, 100, nxt, n, 7), 1)
+        nxt += n
+        if i % 7 == 3:
+            idx._holding(0, 1)  # an order built midway is kept up to date after
+    stop = start + span
+    want = {s.seq for s in idx._segs.values()
+            if s.base >= 0 and s.base < stop and s.end > start}
+    assert {s.seq for s in idx._holding(start, stop)} == want
+    rows = idx.overlapping(start, stop)
+    assert [int(b) for b in rows["base"]] == sorted(
+        b for b, n in zip(*[[int(x) for x in idx.rows()[k]] for k in ("base", "records")],
+                          strict=True) if b < stop and b + n > start)

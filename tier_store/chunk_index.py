@@ -14,8 +14,9 @@ asks for offsets never pays for the chunks.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from itertools import accumulate
 
 import numpy as np
 import pyarrow as pa
@@ -26,35 +27,18 @@ from .chunk_rows import (
     COLUMNS,
     NO_TIME,
     InlineRows,
+    SegmentRows,
+    between,
     chunk_row,
+    padding,
     rows_table,
     table_rows,
 )
 from .entries import ChunkRecord
 from .errors import CorruptLog
 from .index_pieces import PIECE_ROWS, IndexPieces, PieceRef, piece_dir
-from .segment import CHUNK_ALIGN
 
 _EMPTY = np.empty(0, CHUNK_DTYPE)
-
-def _between(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """The rows (in offset order) holding any offset of ``[start, stop)``: a slice, found
-    by two binary searches (a driver asks once per partition per batch)."""
-    base = rows["base"]
-    i = int(base.searchsorted(start, side="right")) - 1
-    i = 0 if i < 0 else i
-    j = int(base.searchsorted(stop, side="left"))
-    # Concurrent writers interleave segments: the row before ``start`` may end before it.
-    if i < j and int(base[i]) + int(rows["records"][i]) <= start:
-        i += 1
-    return rows[i:j]
-
-
-def _padding(rows: np.ndarray) -> np.ndarray:
-    """Per row, the bytes after its chunk up to the next aligned position."""
-    lengths = rows["length"]
-    return (lengths + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN - lengths
-
 
 def _in_order(parts: list[np.ndarray]) -> np.ndarray:
     """``parts`` (each in offset order) as one table in offset order."""
@@ -67,95 +51,11 @@ def _in_order(parts: list[np.ndarray]) -> np.ndarray:
     return rows
 
 
-class SegmentRows:
-    """One segment's rows: its pieces, then its loose rows (a growable table)."""
-
-    def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
-        self.seq, self.tier = seq, tier
-        self.pieces = list(pieces)
-        self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
-        # The loose rows' bases as Python ints: a stream's next batch is found among them by
-        # bisection, without numpy's per-call cost (a driver asks once per partition).
-        self._bases: list[int] = []
-        self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
-        self.end = max((r.end for r in self.pieces), default=-1)
-
-    def loose(self) -> np.ndarray:
-        return self._a[:self._n]
-
-    def __len__(self) -> int:
-        return sum(r.rows for r in self.pieces) + self._n
-
-    def add(self, rows: np.ndarray) -> None:
-        """Append ``rows`` (after every row here) to the loose rows."""
-        if self._n + len(rows) > len(self._a):
-            grown = np.empty(max(16, 2 * (self._n + len(rows))), CHUNK_DTYPE)
-            grown[:self._n] = self.loose()
-            self._a = grown
-        self._a[self._n:self._n + len(rows)] = rows
-        self._n += len(rows)
-        self._bases += rows["base"].tolist()
-        self._span(rows)
-
-    def _span(self, rows: np.ndarray) -> None:
-        if len(rows):
-            first = int(rows["base"][0])
-            self.base = first if self.base < 0 else min(self.base, first)
-            self.end = max(self.end, int(rows["base"][-1] + rows["records"][-1]))
-
-    def add_row(self, row: tuple[int, ...], base: int, end: int) -> None:
-        """Append one row (``base``, ``end``: its offsets) after every row here."""
-        if self._n == len(self._a):
-            grown = np.empty(max(16, 2 * self._n), CHUNK_DTYPE)
-            grown[:self._n] = self.loose()
-            self._a = grown
-        self._a[self._n] = row
-        self._n += 1
-        self._bases.append(base)
-        self.base = base if self.base < 0 else min(self.base, base)
-        self.end = max(self.end, end)
-
-    def prepend(self, rows: np.ndarray) -> None:
-        """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
-        if not self._n:  # held as they are (a view): the next row added grows a new array
-            self._a, self._n = rows, len(rows)
-            self._bases = rows["base"].tolist()
-            self._span(rows)
-            return
-        tail = self.loose().copy()
-        self._a, self._n, self._bases = np.empty(0, CHUNK_DTYPE), 0, []
-        self.add(rows)
-        self.add(tail)
-
-    def keep_loose(self, rows: np.ndarray) -> None:
-        self._a, self._n = rows.copy(), len(rows)
-        self._bases = rows["base"].tolist()
-
-    def loose_between(self, start: int, stop: int) -> np.ndarray:
-        """The loose rows holding any offset of ``[start, stop)`` (see :func:`_between`)."""
-        bases = self._bases
-        i = max(0, bisect_right(bases, start) - 1)
-        j = bisect_left(bases, stop, i)
-        if i < j and bases[i] + int(self._a[i]["records"]) <= start:
-            i += 1
-        return self._a[i:j]
-
-    def spans(self) -> tuple[int, int]:
-        """(bytes of its chunks, each aligned; the same packed as a move lays them out:
-        each aligned but the last), from the pieces' figures and the loose rows."""
-        loose = self.loose()
-        span = sum(r.span for r in self.pieces)
-        if len(loose):
-            pad = _padding(loose)
-            span += int(loose["length"].sum() + pad.sum())
-            return span, span - int(pad[-1])
-        return span, span - (self.pieces[-1].pad if self.pieces else 0)
-
-
 class ChunkIndex:
     """One partition's committed chunks in offset order (see the module)."""
 
     loads = 0  # checkpoint rows or whole indexes materialized in this process: tests count
+    visits = 0  # segments looked at to find a range's: tests count
 
     def __init__(self, partition: int = 0, pieces: IndexPieces | None = None,
                  inline: tuple[InlineRows, int, int] | None = None,
@@ -166,6 +66,11 @@ class ChunkIndex:
         self._segs: dict[int, SegmentRows] = {s.seq: s for s in segments}
         self._all: np.ndarray | None = None  # every row, once asked for (kept up to date)
         self._all_n = 0
+        # The segments holding rows, by base offset, with the running max of their ends: a
+        # range's segments are found without visiting the older ones (None: to be sorted).
+        self._order: list[SegmentRows] | None = None
+        self._bases: list[int] = []
+        self._reach: list[int] = []
 
     # -- reading pieces and checkpoint rows -----------------------------------------------
     def _piece(self, seg: SegmentRows, ref: PieceRef) -> np.ndarray:
@@ -197,6 +102,7 @@ class ChunkIndex:
                                  "does not list")
             seg.prepend(rows if one else rows[seqs == seq])
         self._inline = None
+        self._order = None
 
     def segment_rows(self, seq: int) -> np.ndarray:
         """Segment ``seq``'s rows, in offset order (empty if it has none)."""
@@ -225,21 +131,52 @@ class ChunkIndex:
         """The chunks holding any offset of ``[start, stop)``, in offset order: only the
         pieces that span those offsets are read."""
         if self._all is not None:
-            return _between(self.rows(), start, stop)
+            return between(self.rows(), start, stop)
         if self._inline is not None:
             self._split()
         parts = []
-        for seg in self._segs.values():
-            if seg.base < 0 or seg.end <= start or seg.base >= stop:
-                continue
+        for seg in self._holding(start, stop):
             if seg.pieces:
-                parts.extend(_between(self._piece(seg, r), start, stop) for r in seg.pieces
+                parts.extend(between(self._piece(seg, r), start, stop) for r in seg.pieces
                              if r.end > start and r.base < stop)
             if seg._n:
-                parts.append(seg.loose_between(start, stop))
+                parts.append(seg.loosebetween(start, stop))
         if len(parts) == 1:  # the usual case: one segment's rows, in order already
             return parts[0]
         return _in_order(parts) if parts else _EMPTY
+
+    def _holding(self, start: int, stop: int) -> list[SegmentRows]:
+        """The segments with rows in ``[start, stop)``, by base: O(log segments + found)."""
+        if self._order is None:
+            self._order = sorted((s for s in self._segs.values() if s.base >= 0),
+                                 key=lambda s: s.base)
+            self._bases = [s.base for s in self._order]
+            self._reach = list(accumulate((s.end for s in self._order), max))
+        j = bisect_left(self._bases, stop)
+        out = []
+        while j and self._reach[j - 1] > start:
+            j -= 1
+            ChunkIndex.visits += 1
+            if self._order[j].end > start:
+                out.append(self._order[j])
+        return out[::-1]
+
+    def _grew(self, seg: SegmentRows, new: bool) -> None:
+        """Keep the order after ``seg`` took a row at its end (``new``: its first)."""
+        if self._order is None:
+            return
+        if new:  # a new segment starts at the partition's next offset: last by base
+            if self._bases and seg.base <= self._bases[-1]:
+                self._order = None
+            else:
+                self._order.append(seg)
+                self._bases.append(seg.base)
+                self._reach.append(max(seg.end, *self._reach[-1:]))
+            return
+        j = bisect_left(self._bases, seg.base)
+        while j < len(self._reach) and self._reach[j] < seg.end:  # the tail, usually
+            self._reach[j] = seg.end
+            j += 1
 
     def committed_since(self, ts: int) -> np.ndarray:
         """Rows committed at or after ``ts``, in offset order: only the pieces committed
@@ -264,9 +201,11 @@ class ChunkIndex:
         """Add chunk ``c``, committed at ``ts`` (after every chunk already here)."""
         row = chunk_row(c, ts)
         seg = self._segs.get(c.seq)
+        new = seg is None or seg.base < 0
         if seg is None:
             seg = self._segs[c.seq] = SegmentRows(c.seq, c.tier)
         seg.add_row(row, c.base, c.base + c.records)
+        self._grew(seg, new)
         if self._all is not None:
             if self._all_n == len(self._all):
                 grown = np.empty(max(16, 2 * self._all_n), CHUNK_DTYPE)
@@ -281,6 +220,7 @@ class ChunkIndex:
         for s in seqs:
             self._segs.pop(s, None)
         self._all = None
+        self._order = None
 
     def replace_segments(self, seqs: set[int], new: list[ChunkRecord], seq: int, tier: int
                          ) -> None:
@@ -299,6 +239,7 @@ class ChunkIndex:
         seg = self._segs[seq] = SegmentRows(seq, tier)
         seg.add(repl)
         self._all = None
+        self._order = None
 
     # -- checkpoints ----------------------------------------------------------------------
     def cut_pieces(self, sealed: Callable[[int], bool], put: Callable[[str, pa.Table], str]
@@ -323,7 +264,7 @@ class ChunkIndex:
             for at in range(0, stop, PIECE_ROWS):
                 block = loose[at:min(stop, at + PIECE_ROWS)].copy()
                 name = put(folder, rows_table(block))
-                pad = _padding(block)
+                pad = padding(block)
                 refs.append(PieceRef(name, len(block), int(block["base"][0]),
                                      int(block["base"][-1] + block["records"][-1]),
                                      int(block["ts"].min()), int(block["ts"].max()),

@@ -1,15 +1,20 @@
 """The chunk row: how a committed chunk is held in an index (a numpy record), in a
 checkpoint and in an index piece (an Arrow table of the same columns), and the checks every
-row passes before it is used to read a file.
+row passes before it is used to read a file. :class:`SegmentRows` holds one segment's rows.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
 
 from .entries import ChunkRecord
 from .ids import bundle_halves
+from .index_pieces import PieceRef
+from .segment import CHUNK_ALIGN
 from .state_checks import check_chunk_rows, row_problems
 
 NO_TIME = np.iinfo(np.int64).min
@@ -84,3 +89,107 @@ def rows_table(rows: np.ndarray) -> pa.Table:
 
 __all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "InlineRows", "chunk_row",
            "rows_table", "table_rows"]
+
+
+def between(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The rows (in offset order) holding any offset of ``[start, stop)``: a slice, found
+    by two binary searches (a driver asks once per partition per batch)."""
+    base = rows["base"]
+    i = int(base.searchsorted(start, side="right")) - 1
+    i = 0 if i < 0 else i
+    j = int(base.searchsorted(stop, side="left"))
+    # Concurrent writers interleave segments: the row before ``start`` may end before it.
+    if i < j and int(base[i]) + int(rows["records"][i]) <= start:
+        i += 1
+    return rows[i:j]
+
+
+def padding(rows: np.ndarray) -> np.ndarray:
+    """Per row, the bytes after its chunk up to the next aligned position."""
+    lengths = rows["length"]
+    return (lengths + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN - lengths
+
+
+class SegmentRows:
+    """One segment's rows: its pieces, then its loose rows (a growable table)."""
+
+    def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
+        self.seq, self.tier = seq, tier
+        self.pieces = list(pieces)
+        self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
+        # The loose rows' bases as Python ints: a stream's next batch is found among them by
+        # bisection, without numpy's per-call cost (a driver asks once per partition).
+        self._bases: list[int] = []
+        self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
+        self.end = max((r.end for r in self.pieces), default=-1)
+
+    def loose(self) -> np.ndarray:
+        return self._a[:self._n]
+
+    def __len__(self) -> int:
+        return sum(r.rows for r in self.pieces) + self._n
+
+    def add(self, rows: np.ndarray) -> None:
+        """Append ``rows`` (after every row here) to the loose rows."""
+        if self._n + len(rows) > len(self._a):
+            grown = np.empty(max(16, 2 * (self._n + len(rows))), CHUNK_DTYPE)
+            grown[:self._n] = self.loose()
+            self._a = grown
+        self._a[self._n:self._n + len(rows)] = rows
+        self._n += len(rows)
+        self._bases += rows["base"].tolist()
+        self._span(rows)
+
+    def _span(self, rows: np.ndarray) -> None:
+        if len(rows):
+            first = int(rows["base"][0])
+            self.base = first if self.base < 0 else min(self.base, first)
+            self.end = max(self.end, int(rows["base"][-1] + rows["records"][-1]))
+
+    def add_row(self, row: tuple[int, ...], base: int, end: int) -> None:
+        """Append one row (``base``, ``end``: its offsets) after every row here."""
+        if self._n == len(self._a):
+            grown = np.empty(max(16, 2 * self._n), CHUNK_DTYPE)
+            grown[:self._n] = self.loose()
+            self._a = grown
+        self._a[self._n] = row
+        self._n += 1
+        self._bases.append(base)
+        self.base = base if self.base < 0 else min(self.base, base)
+        self.end = max(self.end, end)
+
+    def prepend(self, rows: np.ndarray) -> None:
+        """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
+        if not self._n:  # held as they are (a view): the next row added grows a new array
+            self._a, self._n = rows, len(rows)
+            self._bases = rows["base"].tolist()
+            self._span(rows)
+            return
+        tail = self.loose().copy()
+        self._a, self._n, self._bases = np.empty(0, CHUNK_DTYPE), 0, []
+        self.add(rows)
+        self.add(tail)
+
+    def keep_loose(self, rows: np.ndarray) -> None:
+        self._a, self._n = rows.copy(), len(rows)
+        self._bases = rows["base"].tolist()
+
+    def loosebetween(self, start: int, stop: int) -> np.ndarray:
+        """The loose rows holding any offset of ``[start, stop)`` (see :func:`_between`)."""
+        bases = self._bases
+        i = max(0, bisect_right(bases, start) - 1)
+        j = bisect_left(bases, stop, i)
+        if i < j and bases[i] + int(self._a[i]["records"]) <= start:
+            i += 1
+        return self._a[i:j]
+
+    def spans(self) -> tuple[int, int]:
+        """(bytes of its chunks, each aligned; the same packed as a move lays them out:
+        each aligned but the last), from the pieces' figures and the loose rows."""
+        loose = self.loose()
+        span = sum(r.span for r in self.pieces)
+        if len(loose):
+            pad = padding(loose)
+            span += int(loose["length"].sum() + pad.sum())
+            return span, span - int(pad[-1])
+        return span, span - (self.pieces[-1].pad if self.pieces else 0)

@@ -321,6 +321,10 @@ class Topic(positions.GroupPositions):
         """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
         return views.bytes_between(self.log.current, partition, start, end)
 
+    def bytes_by_tier(self, partition: int, start: int, end: int) -> dict[int, int]:
+        """:meth:`bytes_between` by the tier holding them (tier number: bytes)."""
+        return views.bytes_by_tier(self.log.current, partition, start, end)
+
     def offset_for_time(self, partition: int, timestamp_ms: int) -> int:
         """The first offset committed at or after ``timestamp_ms`` (latest if none)."""
         p = self._check_partition(partition)
