@@ -140,10 +140,16 @@ class ChunkIndex:
                 parts.extend(between(self._piece(seg, r), start, stop) for r in seg.pieces
                              if r.end > start and r.base < stop)
             if seg._n:
-                parts.append(seg.loosebetween(start, stop))
+                parts.append(seg.loose_between(start, stop))
         if len(parts) == 1:  # the usual case: one segment's rows, in order already
             return parts[0]
         return _in_order(parts) if parts else _EMPTY
+
+    def segments_holding(self, start: int, stop: int) -> list[int]:
+        """Sequence numbers of the segments with chunks in ``[start, stop)``, by base."""
+        if self._inline is not None:
+            self._split()
+        return [s.seq for s in self._holding(start, stop)] if start < stop else []
 
     def _holding(self, start: int, stop: int) -> list[SegmentRows]:
         """The segments with rows in ``[start, stop)``, by base: O(log segments + found)."""

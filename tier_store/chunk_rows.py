@@ -174,7 +174,7 @@ class SegmentRows:
         self._a, self._n = rows.copy(), len(rows)
         self._bases = rows["base"].tolist()
 
-    def loosebetween(self, start: int, stop: int) -> np.ndarray:
+    def loose_between(self, start: int, stop: int) -> np.ndarray:
         """The loose rows holding any offset of ``[start, stop)`` (see :func:`_between`)."""
         bases = self._bases
         i = max(0, bisect_right(bases, start) - 1)

@@ -83,35 +83,40 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
 
 def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
     """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
-    return sum(bytes_by_tier(st, p, start, end).values())
+    if end <= start:
+        return 0
+    rows = st.part(p).chunks.overlapping(start, end)
+    if len(rows) <= 8:  # a few chunks (a driver asks per partition per batch): no array math
+        total = 0.0
+        for b, n, length in zip(rows["base"].tolist(), rows["records"].tolist(),
+                                rows["length"].tolist(), strict=True):
+            lo, hi = max(b, start), min(b + n, end)
+            if hi > lo:
+                total += (hi - lo) / max(n, 1) * length
+        return int(total)
+    lo = np.maximum(rows["base"], start)
+    hi = np.minimum(rows["base"] + rows["records"], end)
+    frac = np.clip(hi - lo, 0, None) / np.maximum(rows["records"], 1)
+    return int((frac * rows["length"]).sum())
 
 
 def bytes_by_tier(st: TopicState, p: int, start: int, end: int) -> dict[int, int]:
-    """:func:`bytes_between` by the tier each chunk's segment is on. Reads only the chunks
-    of the range: O(log segments + chunks), whatever the partition's history."""
-    if end <= start:
-        return {}
+    """Approximate bytes of records ``[start, end)`` by the tier holding them: a segment
+    wholly inside counts its bytes, one in part its share by offsets. Looks only at the
+    segments holding the range, whatever the partition's history; reads no chunk row."""
     part = st.part(p)
-    rows = part.chunks.overlapping(start, end)
-    out: dict[int, float] = {}
-    if len(rows) <= 8:  # a few chunks (a driver asks per partition per batch): no array math
-        for seq, b, n, length in zip(rows["seq"].tolist(), rows["base"].tolist(),
-                                     rows["records"].tolist(), rows["length"].tolist(),
-                                     strict=True):
-            lo, hi = max(b, start), min(b + n, end)
-            if hi > lo:
-                tier = part.segments[seq].tier
-                out[tier] = out.get(tier, 0.0) + (hi - lo) / max(n, 1) * length
-        return {t: int(v) for t, v in out.items()}
-    lo = np.maximum(rows["base"], start)
-    hi = np.minimum(rows["base"] + rows["records"], end)
-    weight = np.clip(hi - lo, 0, None) / np.maximum(rows["records"], 1) * rows["length"]
-    seqs, at = np.unique(rows["seq"], return_inverse=True)
-    per_seq = np.bincount(at, weights=weight, minlength=len(seqs))
-    for seq, w in zip(seqs.tolist(), per_seq.tolist(), strict=True):
-        tier = part.segments[seq].tier
-        out[tier] = out.get(tier, 0.0) + w
-    return {t: int(v) for t, v in out.items()}
+    out: dict[int, int] = {}
+    segs = part.segments
+    # A few segments are looked at directly; more, found by the index's ordered search.
+    for seg in (segs.values() if len(segs) <= 4 else
+                [segs[q] for q in part.chunks.segments_holding(start, end)]):
+        if seg.end <= start or seg.base >= end:
+            continue
+        lo, hi = max(start, seg.base), min(end, seg.end)
+        n = seg.bytes if (lo, hi) == (seg.base, seg.end) else \
+            seg.bytes * (hi - lo) // max(1, seg.end - seg.base)
+        out[seg.tier] = out.get(seg.tier, 0) + n
+    return out
 
 
 def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
