@@ -320,10 +320,7 @@ class Topic(positions.GroupPositions):
     def bytes_between(self, partition: int, start: int, end: int) -> int:
         """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""
         return views.bytes_between(self.log.current, partition, start, end)
-
-    def bytes_by_tier(self, partition: int, start: int, end: int) -> dict[int, int]:
-        """:meth:`bytes_between` by the tier holding them (tier number: bytes)."""
-        return views.bytes_by_tier(self.log.current, partition, start, end)
+    bytes_by_tier = views.topic_bytes_by_tier  # by the tier holding them: tier_store.views
 
     def offset_for_time(self, partition: int, timestamp_ms: int) -> int:
         """The first offset committed at or after ``timestamp_ms`` (latest if none)."""
@@ -332,8 +329,7 @@ class Topic(positions.GroupPositions):
 
     def segments(self) -> list[SegmentInfo]:
         """The committed segments, by partition and base offset."""
-        return views.segment_infos(self.name, self.state(), self.store.tier,
-                                   self.active_segment,
+        return views.segment_infos(self.name, self.state(), self.store.tier, self.active_segment,
                                    self.setting("log.cleanup.grace.ms") / 1000.0)
 
     # -- partitions and positions ---------------------------------------------------------

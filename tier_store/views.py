@@ -119,6 +119,11 @@ def bytes_by_tier(st: TopicState, p: int, start: int, end: int) -> dict[int, int
     return out
 
 
+def topic_bytes_by_tier(topic: Any, partition: int, start: int, end: int) -> dict[int, int]:
+    """``Topic.bytes_by_tier``: :func:`bytes_by_tier` of the topic's current state."""
+    return bytes_by_tier(topic.log.current, partition, start, end)
+
+
 def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
     """The first offset committed at or after ``timestamp_ms`` (latest if none)."""
     rows = st.part(p).chunks.rows()
