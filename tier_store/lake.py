@@ -1,0 +1,291 @@
+"""The lake: a topic's oldest segments as Parquet files of one Delta Lake table.
+
+A topic incarnation has one table, ``<lake>/<topic>-<topic id>``: a topic deleted and
+created again never shares its namesake's table. The table holds the topic's columns plus
+``_offset`` (int64) and ``_timestamp`` (the commit time, ms, UTC) in each file, and
+``_partition`` (int32) as its partition column: a file holds rows of one partition, so every
+engine prunes by partition from the path alone. Statistics on ``_offset`` and
+``_timestamp`` let engines seek by offset or time.
+
+A demoted run of segments becomes one file, ``_partition=<p>/<base>-<end>.parquet`` (its
+first offset and the offset after its last, 20 digits each): the name is a function of what
+it holds, so a demotion retried after a crash writes the same file again. The file is built
+in memory and written whole. Its row groups each hold a run of offsets; the log records,
+per row group, its byte range, offsets and xxh3-64 (a :class:`LakeGroup`, stored like a
+chunk), and for the file its footer's range and xxh3-64. A read fetches the footer and the
+row groups it needs, checks both against the log before Parquet sees a byte, and checks the
+``_offset`` column holds exactly the offsets the log names: a damaged or swapped file is
+:class:`CorruptSegment`, never a wrong row.
+
+Exactly once: a demotion is one Delta commit carrying an application transaction (Delta's
+``txn``) with app id ``pafka-<topic id>-<partition>`` and version the file's end offset.
+Demotions of a partition go in offset order, so that version says how far the table holds
+the partition. A retry first reads it: a file the table holds already is not added again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .chunk import checksum
+from .errors import CorruptSegment, PafkaError
+
+log = logging.getLogger(__name__)
+
+OFFSET, TIMESTAMP, PARTITION = "_offset", "_timestamp", "_partition"
+LAKE_COLUMNS = (PARTITION, OFFSET, TIMESTAMP)
+GROUP_BYTES = 8 << 20
+"""Uncompressed bytes a row group holds, about: small enough that a read of a few offsets
+fetches little, large enough that engines scan at Parquet speed."""
+_FOOTER_TAIL = 8  # the footer's length (4 bytes) and the magic "PAR1"
+
+
+@dataclass(frozen=True)
+class LakeGroup:
+    """A row group of a lake file: bytes ``[pos, pos + length)``, offsets
+    ``[base, base + records)``, the xxh3-64 of those bytes, and the commit time of its rows
+    (the latest)."""
+
+    pos: int
+    length: int
+    base: int
+    records: int
+    checksum: int
+    ts: int
+
+
+@dataclass(frozen=True)
+class LakeFile:
+    """A lake file as the log records it: its path in the table, size, footer and groups."""
+
+    rel: str
+    size: int
+    footer_pos: int
+    footer_length: int
+    footer_checksum: int
+    groups: tuple[LakeGroup, ...]
+
+    @property
+    def base(self) -> int:
+        return self.groups[0].base
+
+    @property
+    def end(self) -> int:
+        return self.groups[-1].base + self.groups[-1].records
+
+
+def table_name(topic: str, topic_id: str) -> str:
+    """The directory of a topic incarnation's table under the lake's root."""
+    if not topic_id:
+        raise PafkaError(f"topic {topic!r} has no id (created by an old release): its "
+                         "history cannot go to a lake table")
+    return f"{topic}-{topic_id}"
+
+
+def file_rel(partition: int, base: int, end: int) -> str:
+    """The path, in its table, of the file holding offsets ``[base, end)`` of ``partition``."""
+    return f"{PARTITION}={partition}/{base:020d}-{end:020d}.parquet"
+
+
+def table_schema(schema: pa.Schema) -> pa.Schema:
+    """The table's schema: the topic's columns, then the lake's three."""
+    taken = [n for n in LAKE_COLUMNS if n in schema.names]
+    if taken:
+        raise PafkaError(f"the topic's schema has column(s) {', '.join(taken)}, which the lake "
+                         "table adds: rename them to keep the topic's history in a lake")
+    return pa.schema([*schema, pa.field(OFFSET, pa.int64(), nullable=False),
+                      pa.field(TIMESTAMP, pa.timestamp("ms", tz="UTC"), nullable=False),
+                      pa.field(PARTITION, pa.int32(), nullable=False)])
+
+
+def _file_schema(schema: pa.Schema) -> pa.Schema:
+    # A file leaves out the partition column: Delta keeps it in the path.
+    return pa.schema([*schema, pa.field(OFFSET, pa.int64(), nullable=False),
+                      pa.field(TIMESTAMP, pa.timestamp("ms", tz="UTC"), nullable=False)])
+
+
+def build_file(schema: pa.Schema, partition: int,
+               runs: Iterable[tuple[pa.RecordBatch, int, int]],
+               group_bytes: int = GROUP_BYTES, compression: str = "zstd"
+               ) -> tuple[LakeFile, pa.Buffer]:
+    """The lake file of ``runs`` (``(batch, first offset, commit time ms)`` in offset order,
+    with no gap): its record and its bytes. Row groups end at a batch's end once they hold
+    ``group_bytes``."""
+    fschema = _file_schema(schema)
+    sink = pa.BufferOutputStream()
+    spans: list[tuple[int, int, int]] = []  # per row group: base, records, latest commit time
+    pending: list[pa.RecordBatch] = []
+    pending_bytes, group_base, group_ts, nxt = 0, -1, 0, -1
+    # Statistics on every column: engines skip files and row groups by them.
+    with pq.ParquetWriter(sink, fschema, compression=compression,
+                          write_page_checksum=True) as writer:
+        def flush() -> None:
+            nonlocal pending, pending_bytes
+            if pending:
+                table = pa.Table.from_batches(pending, fschema)
+                writer.write_table(table, row_group_size=max(1, table.num_rows))
+                spans.append((group_base, table.num_rows, group_ts))
+                pending, pending_bytes = [], 0
+
+        for batch, base, ts in runs:
+            if nxt >= 0 and base != nxt:
+                raise PafkaError(f"partition {partition}: a lake file's rows must follow each "
+                                 f"other; offset {base} came after {nxt}")
+            if not batch.num_rows:
+                continue
+            if not pending:
+                group_base, group_ts = base, ts
+            n = batch.num_rows
+            cols = [*batch.columns, pa.array(np.arange(base, base + n, dtype=np.int64)),
+                    pa.array(np.full(n, ts, dtype=np.int64)).cast(pa.timestamp("ms", tz="UTC"))]
+            pending.append(pa.record_batch(cols, schema=fschema))
+            pending_bytes += batch.nbytes
+            group_ts = max(group_ts, ts)
+            nxt = base + n
+            if pending_bytes >= group_bytes:
+                flush()
+        flush()
+    if not spans:
+        raise PafkaError(f"partition {partition}: a lake file needs one record at least")
+    data = sink.getvalue()
+    return _describe(data, spans, file_rel(partition, spans[0][0], nxt)), data
+
+
+def _describe(data: pa.Buffer, spans: Sequence[tuple[int, int, int]], rel: str) -> LakeFile:
+    """The record of a lake file's bytes, whose row groups hold ``spans``."""
+    meta = pq.read_metadata(pa.BufferReader(data))
+    if meta.num_row_groups != len(spans):
+        raise PafkaError(f"{rel}: {meta.num_row_groups} row groups written, {len(spans)} "
+                         "planned")
+    groups = []
+    for i, (base, records, ts) in enumerate(spans):
+        lo, hi = _group_range(meta.row_group(i))
+        groups.append(LakeGroup(lo, hi - lo, base, records, checksum(data.slice(lo, hi - lo)),
+                                ts))
+    footer_len = meta.serialized_size + _FOOTER_TAIL
+    footer_pos = data.size - footer_len
+    return LakeFile(rel, data.size, footer_pos, footer_len,
+                    checksum(data.slice(footer_pos, footer_len)), tuple(groups))
+
+
+def _group_range(rg: Any) -> tuple[int, int]:
+    """The byte range of a row group's column chunks (contiguous, as writers lay them)."""
+    lo, hi = None, 0
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset is not None:
+            start = min(start, col.dictionary_page_offset)
+        lo = start if lo is None else min(lo, start)
+        hi = max(hi, start + col.total_compressed_size)
+    assert lo is not None
+    return lo, hi
+
+
+class _Ranges(io.RawIOBase):
+    """A file of ``size`` bytes of which only ``pieces`` (position, bytes) were fetched: a
+    read outside them is an error, never a guess."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, pa.Buffer]], where: str):
+        self.size, self.pieces, self.where, self.at = size, pieces, where, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = offset if whence == 0 else self.at + offset if whence == 1 else \
+            self.size + offset
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), max(0, self.size - self.at))
+        for pos, piece in self.pieces:
+            if pos <= self.at and self.at + n <= pos + piece.size:
+                b[:n] = memoryview(piece)[self.at - pos:self.at - pos + n]
+                self.at += n
+                return n
+        raise CorruptSegment(f"{self.where}: Parquet asked for bytes [{self.at}, "
+                             f"{self.at + n}), outside the row groups the log names")
+
+
+def decode_groups(where: str, f: LakeFile, footer: pa.Buffer,
+                  groups: Sequence[tuple[LakeGroup, pa.Buffer]], schema: pa.Schema,
+                  columns: Sequence[str] | None = None) -> list[pa.RecordBatch]:
+    """The topic's batches (``schema``; only ``columns`` if given) of ``groups`` of file
+    ``f`` at ``where``, from their fetched bytes: each checked against its checksum first,
+    then its ``_offset`` column against its offsets. :class:`CorruptSegment` otherwise."""
+    if footer.size != f.footer_length or checksum(footer) != f.footer_checksum:
+        raise CorruptSegment(f"{where}: the file's footer does not match its checksum")
+    for g, data in groups:
+        if data.size != g.length or checksum(data) != g.checksum:
+            raise CorruptSegment(f"{where}: the row group of offsets [{g.base}, "
+                                 f"{g.base + g.records}) does not match its checksum")
+    try:
+        meta = pq.read_metadata(pa.BufferReader(pa.py_buffer(b"PAR1" + footer.to_pybytes())))
+        src = _Ranges(f.size, [(f.footer_pos, footer), *((g.pos, d) for g, d in groups)], where)
+        pf = pq.ParquetFile(pa.PythonFile(src, mode="r"), metadata=meta,
+                            page_checksum_verification=True)
+        index = {(meta.row_group(i).num_rows, _group_range(meta.row_group(i))[0]): i
+                 for i in range(meta.num_row_groups)}
+        want = None if columns is None else [*columns, OFFSET]
+        out = []
+        for g, _ in groups:
+            i = index.get((g.records, g.pos))
+            if i is None:
+                raise CorruptSegment(f"{where}: no row group of {g.records} rows at byte "
+                                     f"{g.pos}, as the log names")
+            table = pf.read_row_group(i, columns=want)
+            offsets = table.column(OFFSET).to_numpy()
+            if len(offsets) != g.records or (len(offsets) and (
+                    offsets[0] != g.base or (np.diff(offsets) != 1).any())):
+                raise CorruptSegment(f"{where}: the row group at byte {g.pos} does not hold "
+                                     f"offsets [{g.base}, {g.base + g.records})")
+            keep = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+            table = table.select(keep.names).cast(keep)
+            out.extend(table.to_batches())
+        return out
+    except CorruptSegment:
+        raise
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as e:
+        raise CorruptSegment(f"{where}: the lake file cannot be decoded "
+                             f"({type(e).__name__}: {e})") from None
+
+
+def add_stats(f: LakeFile, min_ts: int, max_ts: int) -> str:
+    """Delta's statistics JSON for ``f``'s add action: its records and the range of its
+    ``_offset`` and ``_timestamp``, which readers use to skip it."""
+    def iso(ms: int) -> str:
+        return np.datetime_as_string(np.datetime64(ms, "ms"), unit="ms") + "Z"
+    records = sum(g.records for g in f.groups)
+    return json.dumps({"numRecords": records,
+                       "minValues": {OFFSET: f.base, TIMESTAMP: iso(min_ts)},
+                       "maxValues": {OFFSET: f.end - 1, TIMESTAMP: iso(max_ts)},
+                       "nullCount": {OFFSET: 0, TIMESTAMP: 0}})
+
+
+def write_local(path: str, data: pa.Buffer) -> None:
+    """Write a lake file whole and durably at ``path`` (replacing a leftover of a crashed
+    attempt): a temporary file, fsynced, renamed, its directory fsynced."""
+    from .layout import makedirs_durable, write_atomic
+    makedirs_durable(os.path.dirname(path))
+    write_atomic(path, memoryview(data), durable=True)
+
+
+__all__ = ["GROUP_BYTES", "LAKE_COLUMNS", "LakeFile", "LakeGroup", "add_stats", "build_file",
+           "decode_groups", "file_rel", "table_name", "table_schema", "write_local"]

@@ -1,0 +1,125 @@
+"""A topic incarnation's Delta Lake table, written with delta-rs (``deltalake``).
+
+pafka writes the table's files itself (:mod:`tier_store.lake`) and commits them with one add
+action each. Each commit carries an application transaction: app id
+``pafka-<topic id>-<partition>``, version the end offset of the file added. delta-rs does not
+refuse a version that is not higher than the last, so :meth:`LakeTable.add` checks it on the
+snapshot it commits from: a file the table holds already is never added again. A commit
+racing another of the same app id fails in delta-rs's conflict check (both read the same
+snapshot); one committer per partition is the rule (the migration service's topic lock), the
+check its backstop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import PafkaError
+from .lake import PARTITION, LakeFile, add_stats, table_name, table_schema
+
+log = logging.getLogger(__name__)
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError:
+        raise PafkaError("a LAKE tier needs the deltalake package: pip install "
+                         "'pafka-spark[lake]'") from None
+    return deltalake
+
+
+def app_id(topic_id: str, partition: int) -> str:
+    """The Delta application id of a partition's demotions."""
+    return f"pafka-{topic_id}-{partition}"
+
+
+class LakeTable:
+    """The Delta table of one topic incarnation under a lake root (a directory or URL)."""
+
+    def __init__(self, root: str, topic: str, topic_id: str, schema: pa.Schema,
+                 storage_options: dict[str, str] | None = None):
+        self.topic, self.topic_id = topic, topic_id
+        self.uri = posixpath.join(root.rstrip("/"), table_name(topic, topic_id))
+        self.schema = table_schema(schema)
+        self.storage_options = storage_options
+
+    def __repr__(self) -> str:
+        return f"LakeTable({self.uri!r})"
+
+    def _open(self, create: bool = False) -> Any:
+        dl = _deltalake()
+        try:
+            return dl.DeltaTable(self.uri, storage_options=self.storage_options)
+        except dl.exceptions.TableNotFoundError:
+            if not create:
+                return None
+        return dl.DeltaTable.create(
+            self.uri, self.schema, mode="ignore", partition_by=[PARTITION],
+            name=self.topic, description=f"pafka topic {self.topic!r} ({self.topic_id})",
+            configuration={"delta.dataSkippingStatsColumns": "_offset,_timestamp"},
+            storage_options=self.storage_options)
+
+    def committed_end(self, partition: int) -> int:
+        """How far the table holds ``partition``: the end offset of its last file added by
+        pafka; 0 if none (or no table yet)."""
+        dt = self._open()
+        if dt is None:
+            return 0
+        return dt.transaction_version(app_id(self.topic_id, partition)) or 0
+
+    def add(self, partition: int, f: LakeFile, min_ts: int, max_ts: int) -> int | None:
+        """Commit file ``f`` (written already) of ``partition``; returns the table version
+        that added it, or None if the table holds it already (a retried demotion).
+        A file that would leave a gap or overlap what the table holds is an error."""
+        dl = _deltalake()
+        from deltalake.transaction import AddAction, CommitProperties, Transaction
+        dt = self._open(create=True)
+        app = app_id(self.topic_id, partition)
+        done = dt.transaction_version(app) or 0
+        if done >= f.end:
+            log.info("%s already holds offsets [%d, %d) of partition %d", self, f.base, f.end,
+                     partition)
+            return None
+        if done > f.base:
+            raise PafkaError(f"{self}: partition {partition} is held up to offset {done}; a "
+                             f"file of offsets [{f.base}, {f.end}) would add some twice")
+        before = dt.version()
+        action = AddAction(f.rel, f.size, {PARTITION: str(partition)}, int(time.time() * 1000),
+                           True, add_stats(f, min_ts, max_ts))
+        try:
+            dt.create_write_transaction(
+                [action], mode="append", schema=self.schema, partition_by=[PARTITION],
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(app, f.end)], max_commit_retries=0))
+        except dl.exceptions.CommitFailedError as e:
+            raise PafkaError(f"{self}: another commit of partition {partition} landed first "
+                             f"({e}); the demotion is tried again later") from None
+        return self._version_of(app, f.end, before)
+
+    def _version_of(self, app: str, end: int, after: int) -> int:
+        """The version after ``after`` whose commit carries transaction (``app``, ``end``)."""
+        dt = _deltalake().DeltaTable(self.uri, storage_options=self.storage_options)
+        # delta-rs exposes no commit's actions: they are read from the log itself.
+        for v in range(after + 1, dt.version() + 1):
+            for line in _read_commit(self.uri, v, self.storage_options).splitlines():
+                txn = json.loads(line).get("txn") if line.strip() else None
+                if txn and txn.get("appId") == app and txn.get("version") == end:
+                    return v
+        raise PafkaError(f"{self}: the commit of {app} version {end} is not in the log")
+
+
+def _read_commit(uri: str, version: int, storage_options: dict[str, str] | None) -> str:
+    from .tiers.remote import filesystem
+    fs, path = filesystem(uri)
+    with fs.open(posixpath.join(path, "_delta_log", f"{version:020d}.json"), "rb") as f:
+        return f.read().decode()
+
+
+__all__ = ["LakeTable", "app_id"]
