@@ -118,3 +118,38 @@ def test_a_dropped_handle_is_released_off_the_collecting_thread(tmp_path, monkey
     assert open_on_segment() == 0
     assert (threading.current_thread().name, seg) not in calls
     assert ("pafka-release", seg) in calls  # the unsynced chunk was flushed, there
+
+
+def _limited(soft: int, hard: int):
+    def preexec():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return preexec
+
+
+def test_store_wide_commands_work_past_a_low_soft_limit_of_open_files(tmp_path):
+    # A handle holds a descriptor per topic it opens (its log directory): with the common
+    # soft limit of 1,024, `pafka topics` failed on a store of some hundreds of topics.
+    import resource
+
+    import pyarrow as pa
+
+    from tier_store import Store
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit of open files is {hard} here")
+    store = Store.open(str(tmp_path / "s"))
+    schema = pa.schema([("key", pa.int64())])
+    for i in range(300):
+        store.create_topic(f"t{i}", schema, partitions=1).close()
+    store.close()
+    pafka = os.path.join(os.path.dirname(PYTHON), "pafka")
+    ok = subprocess.run([pafka, "topics", str(tmp_path / "s")], capture_output=True, text=True,
+                        preexec_fn=_limited(64, hard), timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert len(ok.stdout.splitlines()) == 300
+    # A hard limit that low stays a limit: the error says which one to raise.
+    low = subprocess.run([pafka, "topics", str(tmp_path / "s")], capture_output=True,
+                         text=True, preexec_fn=_limited(64, 64), timeout=300)
+    assert low.returncode == 1
+    assert "Too many open files" in low.stderr and "hard limit, now 64" in low.stderr

@@ -112,6 +112,29 @@ def held(path: str, blocking: bool = True) -> Iterator[bool]:
         tl.release()
 
 
+def raise_open_files() -> int:
+    """Raise this process's soft limit of open files to its hard limit, once, as the JVM
+    does for every Java process; returns the soft limit in force. A handle holds a
+    descriptor per topic (its log directory), so the common default of 1,024 ends a tool
+    listing a store of some hundreds of topics; a hard limit of 1,024 stays a limit."""
+    global _raised
+    if _raised is None:
+        try:
+            import resource
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            if soft != resource.RLIM_INFINITY and soft < want:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+                soft = want
+            _raised = soft
+        except (ImportError, ValueError, OSError):  # no such limit here, or not allowed
+            _raised = -1
+    return _raised
+
+
+_raised: int | None = None
+
+
 def open_lock_files() -> int:
     """How many lock files this process holds open now."""
     with _guard:

@@ -6,6 +6,7 @@ The only module of the command that writes to stdout or stderr; the commands ret
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -88,6 +89,11 @@ def _os_error_text(e: OSError) -> str:
     names = [os.fsdecode(n) if isinstance(n, str | bytes) else str(n)
              for n in (e.filename, e.filename2) if n is not None]
     what = e.strerror or str(e) or type(e).__name__
+    if e.errno == errno.EMFILE:  # a descriptor per topic opened: say which limit to raise
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        what += (f" (this process may hold {soft} and holds one per topic it opens; raise "
+                 f"the hard limit, now {hard}, with ulimit -Hn or LimitNOFILE)")
     return f"{' -> '.join(names)}: {what}" if names else what
 
 

@@ -25,6 +25,7 @@ from ..layout import (
     is_url,
     makedirs_durable,
 )
+from ..locks import raise_open_files
 from ..tiers import NO_SPACE, Tier, make_tier
 from .claims import check_apart, claim_local_tiers
 from .rootfiles import RootFiles
@@ -49,6 +50,7 @@ def open_root(files: RootFiles, given: Mapping[str, Any], create: bool) -> Opene
     resolved); create it first unless it exists or ``create`` is False
     (:class:`StoreNotFound`)."""
     root = files.root
+    raise_open_files()  # a handle holds a descriptor per topic it opens
     if (not create or is_url(root)) and files.read(STORE_FILE) is None:
         if not create:
             why = "" if is_url(root) or os.path.isdir(root) else (
