@@ -110,13 +110,19 @@ def padding(rows: np.ndarray) -> np.ndarray:
     return (lengths + CHUNK_ALIGN - 1) // CHUNK_ALIGN * CHUNK_ALIGN - lengths
 
 
+_NO_ROWS = np.empty(0, CHUNK_DTYPE)
+_NO_ROWS.flags.writeable = False
+
+
 class SegmentRows:
     """One segment's rows: its pieces, then its loose rows (a growable table)."""
 
     def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
         self.seq, self.tier = seq, tier
         self.pieces = list(pieces)
-        self._a, self._n = np.empty(0, CHUNK_DTYPE), 0
+        # Shared while empty (an empty structured array costs ~9k instructions to make, per
+        # partition at every open): the first row added grows a new one.
+        self._a, self._n = _NO_ROWS, 0
         # The loose rows' bases as Python ints: a stream's next batch is found among them by
         # bisection, without numpy's per-call cost (a driver asks once per partition).
         self._bases: list[int] = []
@@ -131,6 +137,8 @@ class SegmentRows:
 
     def add(self, rows: np.ndarray) -> None:
         """Append ``rows`` (after every row here) to the loose rows."""
+        if not len(rows):
+            return
         if self._n + len(rows) > len(self._a):
             grown = np.empty(max(16, 2 * (self._n + len(rows))), CHUNK_DTYPE)
             grown[:self._n] = self.loose()
@@ -166,7 +174,7 @@ class SegmentRows:
             self._span(rows)
             return
         tail = self.loose().copy()
-        self._a, self._n, self._bases = np.empty(0, CHUNK_DTYPE), 0, []
+        self._a, self._n, self._bases = _NO_ROWS, 0, []
         self.add(rows)
         self.add(tail)
 
