@@ -47,7 +47,7 @@ class InlineRows:
         self.table, self.where = table, where
         self._rows: np.ndarray | None = None
         self._bad: np.ndarray | None = None
-        self._flag = np.empty(0, bool)
+        self._flagged: list[int] = []  # rows flagged below, in order: found by bisection
 
     def rows(self, start: int, n: int) -> tuple[np.ndarray, bool]:
         """Rows ``[start, start + n)`` (one partition's), checked (once for every row), and
@@ -56,11 +56,17 @@ class InlineRows:
             rows = self._rows = table_rows(self.table, self.where, check=False)
             self._bad = row_problems(rows)  # per row: out of place
             # ... or out of order with the next row, or of another segment than it.
-            self._flag = self._bad.copy()
-            self._flag[:-1] |= (rows["base"][1:] < rows["base"][:-1] + rows["records"][:-1]) \
+            flag = self._bad.copy()
+            flag[:-1] |= (rows["base"][1:] < rows["base"][:-1] + rows["records"][:-1]) \
                 | (rows["seq"][1:] != rows["seq"][:-1])
+            self._flagged = np.flatnonzero(flag).tolist()
         part = self._rows[start:start + n]
-        if n and (self._bad[start + n - 1] or self._flag[start:start + n - 1].any()):
+        flagged = self._flagged
+        i = bisect_left(flagged, start)
+        # A flagged row among the first n - 1 (out of place, or unlike the next), or a last
+        # row out of place.
+        if n and ((i < len(flagged) and flagged[i] < start + n - 1)
+                  or self._bad[start + n - 1]):
             check_chunk_rows(part, self.where)  # raises, naming the row, if out of place
             return part, False  # rows of several segments (interleaved by two writers)
         return part, True
