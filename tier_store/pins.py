@@ -162,8 +162,9 @@ class MappedFiles:
         """Drop the cached mappings of the partitions ``owners`` (as :func:`owner_of` names
         them) whose paths are not in ``keep``: segments a plan no longer names (moved,
         merged or deleted) are unpinned instead of held until the process ends."""
-        if not any(o in self._by_owner for o in owners):
-            return  # nothing mapped of theirs (read without the lock: a hint)
+        by_owner = self._by_owner  # read without the lock: a hint
+        if not by_owner or not any(o in by_owner for o in owners):
+            return  # nothing mapped of theirs
         with self._lock:
             for owner in owners:
                 for path in [p for p in self._by_owner.get(owner, ()) if p not in keep]:

@@ -218,19 +218,23 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     # file must still be that long when it is mapped (a file truncated from outside the store
     # is CorruptSegment then; truncated later, under the mapping, it may kill the process).
     # A file's chunks come in the order of their positions: its last one reaches farthest.
-    reach = {c.path: c.pos + c.length for c in plan.chunks}
-    local_paths = {path for path in reach if not is_url(path)}
-    # Every local path of a plan is a file of its partition (<tier>/<topic>/<p>/<seq>.seg).
-    owners = {(plan.topic, str(plan.partition))} if local_paths else set()
-    if owners:
+    # One pass, no comprehension: a fresh reader of many partitions plans one chunk each.
+    reach: dict[str, int] = {}
+    hosted = False
+    for c in plan.chunks:
+        reach[c.path] = c.pos + c.length
+        hosted = hosted or c.host is not None
+    local_paths = {path for path in reach if not is_url(path)} if reach else set()
+    if local_paths:
         # This partition's segments the plan no longer names (moved, merged, deleted) are
-        # unpinned now rather than when they go idle.
-        MAPS.forget(local_paths, owners)
+        # unpinned now rather than when they go idle. Every local path of a plan is a file
+        # of its partition (<tier>/<topic>/<p>/<seq>.seg).
+        MAPS.forget(local_paths, {(plan.topic, str(plan.partition))})
     # The bytes of the segment being read (path, buffer, the file position it starts at):
     # its next chunks are sliced from it. A mapping pins its file, so the file is never
     # reused while we read it; a small read copies the plan's bytes of a file not mapped.
     mapped: tuple[str, pa.Buffer, int] | None = None
-    here = host_id() if any(c.host is not None for c in plan.chunks) else None
+    here = host_id() if hosted else None
     for c in plan.chunks:
         stale: str | None = None  # why the plan may no longer describe this chunk
         local = not is_url(c.path)

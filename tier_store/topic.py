@@ -313,7 +313,7 @@ class Topic(positions.GroupPositions):
                 for p, s, e in ranges]
         with self.log.lock:
             st = self.log.current
-            if any(e is None or e > st.part(p).next_offset for p, _, e in todo):
+            if not _committed(st, todo):
                 st = self.log.refresh()
             return views.read_plans(self.store, self.name, st, todo)
 
@@ -354,6 +354,14 @@ class Topic(positions.GroupPositions):
 
     def __del__(self) -> None:  # not from the collector's thread: see tier_store.dropped
         _release_dropped(vars(self))
+
+
+def _committed(st: TopicState, ranges: list[tuple[int, int, int | None]]) -> bool:
+    """Whether ``st`` holds every range's end (a loop, not any(): one range is usual)."""
+    for p, _, e in ranges:  # noqa: SIM110 (a generator costs more than the check)
+        if e is None or e > st.part(p).next_offset:
+            return False
+    return True
 
 
 def _forget_writers(parts: dict[int, PartitionLog], lock: threading.Lock | None
