@@ -135,7 +135,11 @@ class ChunkIndex:
         if self._inline is not None:
             self._split()
         parts = []
-        for seg in self._holding(start, stop):
+        # A few segments are looked at directly; more, found by the ordered search.
+        for seg in (self._segs.values() if len(self._segs) <= 4 else
+                    self._holding(start, stop)):
+            if seg.base < 0 or seg.end <= start or seg.base >= stop:
+                continue
             if seg.pieces:
                 parts.extend(between(self._piece(seg, r), start, stop) for r in seg.pieces
                              if r.end > start and r.base < stop)

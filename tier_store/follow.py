@@ -19,8 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +36,10 @@ log = logging.getLogger(__name__)
 RESETS = ("earliest", "latest", "none")
 
 
-@dataclass(frozen=True)
-class FetchedBatch:
+class FetchedBatch(NamedTuple):
     """Records read from one partition: row ``i`` of ``batch`` has offset ``offset + i``;
-    ``timestamp`` is the commit time (ms since the epoch) of the chunk holding them."""
+    ``timestamp`` is the commit time (ms since the epoch) of the chunk holding them. A
+    named tuple: one per chunk read, and a frozen dataclass's init costs more."""
 
     partition: int
     offset: int

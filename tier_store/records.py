@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .segment import CHUNK_ALIGN, HEADER_SIZE
 
@@ -48,9 +48,9 @@ class ChunkRef:
         return cls(**d)
 
 
-@dataclass(frozen=True)
-class AppendResult:
-    """Where committed records landed: their partition, first offset and count."""
+class AppendResult(NamedTuple):
+    """Where committed records landed: their partition, first offset and count. A named
+    tuple: a commit makes one per chunk, and a frozen dataclass's init costs more."""
 
     partition: int
     base_offset: int
