@@ -239,8 +239,6 @@ def decode(data: bytes, where: str, version: int, topic_id: str) -> Entry:
 
 
 _DISK_KEYS = frozenset(disk for _, disk in _CHUNK_FIELDS)
-_REQUIRED = tuple(disk for name, disk in _CHUNK_FIELDS
-                  if name not in ("tmin", "tmax", *_OPTIONAL))
 
 
 _PLAIN_KEYS = frozenset(_DISK_ORDER[:_LAST_REQUIRED])  # a single-host store's chunk

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,8 +38,6 @@ import pyarrow.parquet as pq
 
 from .chunk import checksum
 from .errors import CorruptSegment, PafkaError
-
-log = logging.getLogger(__name__)
 
 OFFSET, TIMESTAMP, PARTITION = "_offset", "_timestamp", "_partition"
 LAKE_COLUMNS = (PARTITION, OFFSET, TIMESTAMP)

@@ -108,14 +108,14 @@ class LakeTable:
         dt = _deltalake().DeltaTable(self.uri, storage_options=self.storage_options)
         # delta-rs exposes no commit's actions: they are read from the log itself.
         for v in range(after + 1, dt.version() + 1):
-            for line in _read_commit(self.uri, v, self.storage_options).splitlines():
+            for line in _read_commit(self.uri, v).splitlines():
                 txn = json.loads(line).get("txn") if line.strip() else None
                 if txn and txn.get("appId") == app and txn.get("version") == end:
                     return v
         raise PafkaError(f"{self}: the commit of {app} version {end} is not in the log")
 
 
-def _read_commit(uri: str, version: int, storage_options: dict[str, str] | None) -> str:
+def _read_commit(uri: str, version: int) -> str:
     from .tiers.remote import filesystem
     fs, path = filesystem(uri)
     with fs.open(posixpath.join(path, "_delta_log", f"{version:020d}.json"), "rb") as f:
