@@ -1,5 +1,5 @@
 """A store written by the release before index pieces (checkpoint format 1) opens, reads,
-takes commits and moves to format 2 as it goes: ``fixtures/store_v1.tar.gz``, made by
+takes commits and moves to the current format as it goes: ``fixtures/store_v1.tar.gz``, made by
 ``fixtures/make_store_v1.py`` with that release."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_a_format_1_store_opens_and_reads_as_it_was_written(old_store):
                         batch_id=43) == []
 
 
-def test_a_format_1_store_takes_commits_and_writes_format_2_checkpoints(old_store,
+def test_a_format_1_store_takes_commits_and_writes_current_checkpoints(old_store,
                                                                        monkeypatch):
     import json
 
@@ -72,7 +72,7 @@ def test_a_format_1_store_takes_commits_and_writes_format_2_checkpoints(old_stor
     with open(os.path.join(log_dir, f"{cp:020d}.checkpoint"), "rb") as f:
         table = pa.ipc.open_file(checkpoint_body(f.read())).read_all()
     meta = json.loads(table.schema.metadata[b"pafka.state"])
-    assert meta["format"] == 2
+    assert meta["format"] == 3
     assert os.listdir(os.path.join(log_dir, "_index"))  # the sealed segments' rows
     # Fewer rows inline than chunks: the rest are in pieces.
     assert table.num_rows < sum(s["chunks"] for s in meta["segments"])

@@ -205,3 +205,94 @@ def test_a_partition_of_few_chunks_keeps_them_in_its_checkpoint(tmp_path):
     assert not os.path.exists(os.path.join(log_dir, "_index"))
     _, meta = _checkpoint(log_dir, 200)
     assert meta["chunk_counts"] == [200]
+
+
+def test_a_sealed_segment_is_named_by_one_list_read_only_when_it_is_read(tmp_path,
+                                                                         small_pieces):
+    # Many sealed segments of many pieces each: the checkpoint names one list per segment.
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "64k", "log.checkpoint.interval": 50})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(1500):
+        topic.append(make_batch(i, 1))
+    log_dir = os.path.join(root, "t", "_log")
+    _, meta = _checkpoint(log_dir, topic.checkpointed_version)
+    sealed = [s for s in meta["segments"] if s["end"] < 1500 - 200]
+    assert len(sealed) >= 3
+    for s in sealed:  # one reference, the sum of the segment's pieces
+        [ref] = s["pieces"]
+        assert ref[0].endswith(".lst") and ref[1] == s["chunks"] > 32
+        names = os.listdir(os.path.join(log_dir, "_index", f"0-{s['seq']}@1"))
+        assert len([n for n in names if n.endswith(".idx")]) == -(-s["chunks"] // 32)
+    # A fresh handle reads the list and the one piece of the offsets it reads, no more.
+    IndexPieces._cache.clear()
+    IndexPieces._cached_bytes = 0
+    fresh = Store.open(root).topic("t")
+    before = IndexPieces.loaded
+    mid = sealed[1]["base"] + 40
+    got = [i for b in fresh.read(0, mid, mid + 3) for i in b.column("key").to_pylist()]
+    assert got == [mid, mid + 1, mid + 2]
+    assert IndexPieces.loaded - before == 2  # one list, one piece
+    assert _ids(fresh, 0) == list(range(1500))
+    assert all(r.ok for r in Store.open(root).check())
+
+
+def test_checkpoint_bytes_grow_by_segments_not_by_pieces(tmp_path, small_pieces):
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "256k", "log.checkpoint.interval": 100})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    log_dir = os.path.join(root, "t", "_log")
+    sizes = {}
+    for i in range(6000):
+        topic.append(make_batch(i, 1))
+        if topic.version % 1000 == 0:
+            sizes[topic.version], meta = _checkpoint(log_dir, topic.version)
+            refs = sum(len(s["pieces"]) for s in meta["segments"])
+            assert refs <= len(meta["segments"]) + 6000 // 32 // len(meta["segments"]) + 2
+    # About 100 pieces more per 1,000 commits would be named one by one; lists hold them.
+    assert sizes[6000] - sizes[2000] < 4 * (sizes[2000] - sizes[1000]) + 2000, sizes
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "drop"])
+def test_a_damaged_or_missing_list_is_corrupt_log_naming_it(tmp_path, small_pieces, damage):
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "64k", "log.checkpoint.interval": 50})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(1500):
+        topic.append(make_batch(i, 1))
+    index = os.path.join(root, "t", "_log", "_index")
+    lists = sorted(os.path.join(index, d, n) for d in os.listdir(index)
+                   for n in os.listdir(os.path.join(index, d)) if n.endswith(".lst"))
+    path = lists[0]
+    if damage == "drop":
+        os.unlink(path)
+    else:
+        with open(path, "r+b") as f:
+            if damage == "truncate":
+                f.truncate(10)
+            else:
+                f.seek(5)
+                b = f.read(1)
+                f.seek(5)
+                f.write(bytes([b[0] ^ 0x01]))
+    IndexPieces._cache.clear()
+    IndexPieces._cached_bytes = 0
+    fresh = Store.open(root).topic("t")
+    assert fresh.latest_offsets() == {0: 1500}  # opening reads no list
+    with pytest.raises(CorruptLog, match=os.path.basename(path)):
+        _ids(fresh, 0)
+
+
+def test_a_list_whose_pieces_do_not_add_up_is_refused():
+    from tier_store.index_pieces import PieceRef, checked_list, encode_list
+    a = PieceRef("0" * 16 + "-4.idx", 4, 0, 4, 1, 2, 256, 10)
+    b = PieceRef("1" * 16 + "-4.idx", 4, 4, 8, 2, 3, 256, 20)
+    ref, data = encode_list([a, b])
+    assert checked_list(data, ref, "x") == [a, b]
+    assert (ref.rows, ref.base, ref.end, ref.span, ref.pad) == (8, 0, 8, 512, 20)
+    lie = ref._replace(end=9)
+    with pytest.raises(CorruptLog, match="add up"):
+        checked_list(data, lie, "x")
+    back, data2 = encode_list([b, a])  # out of order: named truly, still refused
+    with pytest.raises(CorruptLog, match="order"):
+        checked_list(data2, back, "x")

@@ -85,6 +85,14 @@ class ChunkIndex:
             return rows
         return self.source.load(piece_dir(self.partition, seg.seq, seg.tier), ref, decode)
 
+    def refs(self, seg: SegmentRows) -> list[PieceRef]:
+        """``seg``'s pieces, in offset order: its list is read first if the checkpoint
+        named only that."""
+        if seg.listed is not None and len(seg.pieces) == 1 and seg.pieces[0] is seg.listed:
+            seg.pieces = self.source.load_list(
+                piece_dir(self.partition, seg.seq, seg.tier), seg.listed)
+        return seg.pieces
+
     def _split(self) -> None:
         """Give the checkpoint's loose rows to their segments."""
         if self._inline is None:
@@ -110,7 +118,7 @@ class ChunkIndex:
         seg = self._segs.get(seq)
         if seg is None:
             return _EMPTY
-        return _in_order([*(self._piece(seg, r) for r in seg.pieces), seg.loose()])
+        return _in_order([*(self._piece(seg, r) for r in self.refs(seg)), seg.loose()])
 
     def __len__(self) -> int:
         n = self._inline[2] if self._inline is not None else 0
@@ -141,8 +149,8 @@ class ChunkIndex:
             if seg.base < 0 or seg.end <= start or seg.base >= stop:
                 continue
             if seg.pieces:
-                parts.extend(between(self._piece(seg, r), start, stop) for r in seg.pieces
-                             if r.end > start and r.base < stop)
+                parts.extend(between(self._piece(seg, r), start, stop)
+                             for r in self.refs(seg) if r.end > start and r.base < stop)
             if seg._n:
                 parts.append(seg.loose_between(start, stop))
         if len(parts) == 1:  # the usual case: one segment's rows, in order already
@@ -200,7 +208,8 @@ class ChunkIndex:
                 parts.append(table_rows(held.table.slice(start + first, n - first),
                                         held.where))
         for seg in self._segs.values():
-            parts.extend(self._piece(seg, r) for r in seg.pieces if r.ts_max >= ts)
+            if seg.pieces and max(r.ts_max for r in seg.pieces) >= ts:
+                parts.extend(self._piece(seg, r) for r in self.refs(seg) if r.ts_max >= ts)
             loose = seg.loose()
             parts.append(loose[loose["ts"] >= ts])
         rows = _in_order(parts)
@@ -282,8 +291,15 @@ class ChunkIndex:
                 self.source.keep((self.source.where(folder, name), name), block)
             # Only once all are stored: a failed put leaves the segment's rows as they were
             # (the pieces stored so far are named by no checkpoint, and die with the segment).
+            if seg.listed is not None:  # rows came after its list: named piece by piece
+                self.refs(seg)
+                seg.listed = None
             seg.pieces.extend(refs)
             seg.keep_loose(loose[stop:])
+        for seg in self._segs.values():  # sealed and all in pieces: named by one list
+            if seg.listed is None and len(seg.pieces) > 1 and not seg._n and sealed(seg.seq):
+                seg.listed = self.source.put_list(
+                    piece_dir(self.partition, seg.seq, seg.tier), seg.pieces)
 
     def loose_rows(self) -> np.ndarray:
         """The rows no piece holds, in offset order (what a checkpoint keeps inline)."""
@@ -303,8 +319,11 @@ class ChunkIndex:
         return aligned, packed
 
     def pieces_of(self, seq: int) -> list[PieceRef]:
+        """What a checkpoint names of segment ``seq``'s pieces: its list, or each piece."""
         seg = self._segs.get(seq)
-        return list(seg.pieces) if seg is not None else []
+        if seg is None:
+            return []
+        return [seg.listed] if seg.listed is not None else list(seg.pieces)
 
 
 __all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex", "InlineRows",

@@ -121,11 +121,15 @@ _NO_ROWS.flags.writeable = False
 
 
 class SegmentRows:
-    """One segment's rows: its pieces, then its loose rows (a growable table)."""
+    """One segment's rows: its pieces, then its loose rows (a growable table). A sealed
+    segment's pieces may stand as one list reference (``listed``) until the index reads
+    the list (:meth:`~tier_store.chunk_index.ChunkIndex.refs`)."""
 
     def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
         self.seq, self.tier = seq, tier
         self.pieces = list(pieces)
+        self.listed = self.pieces[0] if len(self.pieces) == 1 and self.pieces[0].listed \
+            else None
         # Shared while empty (an empty structured array costs ~9k instructions to make, per
         # partition at every open): the first row added grows a new one.
         self._a, self._n = _NO_ROWS, 0

@@ -15,12 +15,19 @@ checkpointers writing the same rows write the same file. A piece is checked befo
 trailer, its name, its Arrow buffers, then its rows against what the checkpoint says of it),
 and a piece that fails is :class:`~tier_store.errors.CorruptLog` naming its file.
 
+Once a segment is sealed and all its rows are in pieces, one more immutable file lists them
+(``<xxh3 hex>-<rows>.lst``: the pieces' references as JSON, then the same trailer). The
+checkpoint then names that list alone, with the sums of its pieces' figures: a checkpoint
+grows by one reference per retained segment, not by one per piece, and a new reader reads
+a segment's list only when it reads that segment (Kafka's offset index per segment).
+
 A segment's pieces die with it: once its file is reclaimed and a checkpoint newer than the
 entry that dropped it is the log's newest (see :func:`collectable`), its directory goes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import threading
@@ -45,7 +52,8 @@ INDEX_DIR = "_index"
 
 _TRAILER = struct.Struct("<8sQQ")  # magic, rows, xxh3-64 of the bytes before
 _MAGIC = b"PAFKAIX1"
-_NAME = re.compile(r"[0-9a-f]{16}-[1-9][0-9]{0,9}\.idx")
+_LIST_MAGIC = b"PAFKALS1"
+_NAME = re.compile(r"[0-9a-f]{16}-[1-9][0-9]{0,9}\.(idx|lst)")
 
 
 class PiecesGone(CorruptLog):
@@ -66,6 +74,12 @@ class PieceRef(NamedTuple):
     ts_max: int
     span: int  # bytes of its chunks, each aligned
     pad: int  # the alignment padding after its last chunk
+
+    @property
+    def listed(self) -> bool:
+        """Whether this names a list of a sealed segment's pieces (its figures are their
+        sums) rather than one piece."""
+        return self.name.endswith(".lst")
 
     def to_json(self) -> list[Any]:
         return list(self)
@@ -97,10 +111,51 @@ def parse_piece_dir(name: str) -> tuple[int, int, int] | None:
     return (int(m[1]), int(m[2]), int(m[3])) if m else None
 
 
-def _digest(body: memoryview | bytes, rows: int) -> int:
+def _digest(body: memoryview | bytes, rows: int, magic: bytes = _MAGIC) -> int:
     h = xxhash.xxh3_64(body)
-    h.update(_MAGIC + rows.to_bytes(8, "little"))
+    h.update(magic + rows.to_bytes(8, "little"))
     return h.intdigest()
+
+
+def encode_list(refs: list[PieceRef]) -> tuple[PieceRef, bytes]:
+    """A sealed segment's pieces ``refs`` (in offset order) as a stored list: the reference
+    a checkpoint names in their place (their figures summed), and its bytes."""
+    body = json.dumps([r.to_json() for r in refs], separators=(",", ":")).encode()
+    rows = sum(r.rows for r in refs)
+    digest = _digest(body, rows, _LIST_MAGIC)
+    ref = PieceRef(f"{digest:016x}-{rows}.lst", rows, refs[0].base, refs[-1].end,
+                   min(r.ts_min for r in refs), max(r.ts_max for r in refs),
+                   sum(r.span for r in refs), refs[-1].pad)
+    return ref, body + _TRAILER.pack(_LIST_MAGIC, rows, digest)
+
+
+def checked_list(data: bytes | pa.Buffer, ref: PieceRef, where: str) -> list[PieceRef]:
+    """The pieces list ``ref`` names, once its bytes match its name and its pieces add up
+    to what ``ref`` says of them (in order, within its offsets); :class:`CorruptLog`
+    naming ``where`` otherwise."""
+    view = memoryview(data)
+    if len(view) < _TRAILER.size:
+        raise CorruptLog(f"index list {where} is damaged: {len(view)} bytes, too short")
+    magic, rows, digest = _TRAILER.unpack(view[len(view) - _TRAILER.size:])
+    body = view[:len(view) - _TRAILER.size]
+    if magic != _LIST_MAGIC or rows != ref.rows or f"{digest:016x}" != ref.name[:16] \
+            or _digest(body, rows, _LIST_MAGIC) != digest:
+        raise CorruptLog(f"index list {where} is damaged: its bytes do not match its name")
+    try:
+        raw = json.loads(bytes(body))
+        if not isinstance(raw, list) or not raw:
+            raise ValueError(f"it holds {type(raw).__name__}, not a list of pieces")
+        refs = [PieceRef.from_json(r, where) for r in raw]
+        if any(r.listed for r in refs):
+            raise ValueError("it names a list, not a piece")
+        if any(b.base < a.end for a, b in zip(refs, refs[1:], strict=False)):
+            raise ValueError("its pieces are out of offset order")
+        again, _ = encode_list(refs)
+        if again != ref:
+            raise ValueError(f"its pieces add up to {again}, not {ref}")
+    except (ValueError, RecursionError) as e:
+        raise CorruptLog(f"index list {where} is malformed: {e}") from None
+    return refs
 
 
 def encode_piece(table: pa.Table) -> tuple[str, bytes]:
@@ -157,6 +212,23 @@ class IndexPieces:
         self.store.put_piece(folder, name, data)
         return name
 
+    def put_list(self, folder: str, refs: list[PieceRef]) -> PieceRef:
+        """Store the list of a sealed segment's pieces ``refs`` in ``folder``; returns the
+        reference a checkpoint names instead of them."""
+        assert self.store is not None, "no log to write index pieces to"
+        ref, data = encode_list(refs)
+        self.store.put_piece(folder, ref.name, data)
+        return ref
+
+    def load_list(self, folder: str, ref: PieceRef) -> list[PieceRef]:
+        """The pieces list ``ref`` names, checked (see :func:`checked_list`)."""
+        where = self.where(folder, ref.name)
+        data = self.store.read_piece(folder, ref.name) if self.store is not None else None
+        if data is None:
+            raise PiecesGone(f"index list {where} is missing")
+        IndexPieces.loaded += 1
+        return checked_list(data, ref, where)
+
     def load(self, folder: str, ref: PieceRef, decode: Any) -> np.ndarray:
         """Piece ``ref``'s rows, decoded by ``decode(table, where)`` (which checks them)."""
         where = self.where(folder, ref.name)
@@ -188,4 +260,5 @@ class IndexPieces:
 
 
 __all__ = ["CACHE_BYTES", "INDEX_DIR", "PIECE_ROWS", "IndexPieces", "PieceRef", "PiecesGone",
-           "checked_piece", "encode_piece", "parse_piece_dir", "piece_dir"]
+           "checked_list", "checked_piece", "encode_list", "encode_piece", "parse_piece_dir",
+           "piece_dir"]

@@ -280,7 +280,7 @@ class TopicState:
             segments.append(d)
         loose = [q.chunks.loose_rows() for q in self.parts]
         meta = {
-            "format": 2,
+            "format": 3,
             "name": self.name, "version": self.version,
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "partitions": self.partitions, "config": self.config,

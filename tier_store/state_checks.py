@@ -148,8 +148,8 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     that says it is not ``version`` of ``topic``; ``columns``: the chunk columns it needs."""
     _typed("the state", meta, dict)
     fmt = meta.get("format", 1)
-    if fmt not in (1, 2) or isinstance(fmt, bool):
-        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 and 2")
+    if fmt not in (1, 2, 3) or isinstance(fmt, bool):
+        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 to 3")
     if _typed("name", meta["name"], str) != topic and topic is not None:
         raise ValueError(f"it is the checkpoint of topic {meta['name']!r}, not {topic!r}")
     if _int("version", meta["version"], 0) != version and version is not None:
@@ -178,7 +178,7 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
         if i < 0 or table.schema.field(i).type != kind or table.column(i).null_count:
             raise ValueError(f"column {name!r} is missing, not {kind}, or holds nulls")
     seen = set()
-    fields = sorted(_SEGMENT_FIELDS + (("pieces",) if fmt == 2 else ()))
+    fields = sorted(_SEGMENT_FIELDS + (("pieces",) if fmt >= 2 else ()))
     in_pieces = [0] * n
     for s in _typed("segments", meta["segments"], list):
         if not isinstance(s, dict) or sorted(set(s) - {"host"}) != fields:
@@ -193,8 +193,12 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
         if (s["partition"], s["seq"]) in seen:
             raise ValueError(f"segment {s['partition']}-{s['seq']} is listed twice")
         seen.add((s["partition"], s["seq"]))
-        for r in _typed("a segment's pieces", s.get("pieces", []), list):
+        pieces = _typed("a segment's pieces", s.get("pieces", []), list)
+        for r in pieces:
             ref = PieceRef.from_json(r, "")
+            if ref.listed and (fmt < 3 or len(pieces) > 1):
+                raise ValueError(f"segment {s['partition']}-{s['seq']} names index list "
+                                 f"{ref.name} beside other pieces or in format {fmt}")
             if not s["base"] <= ref.base < ref.end <= s["end"]:
                 raise ValueError(f"index piece {r!r} lies outside segment {s['partition']}-"
                                  f"{s['seq']}'s offsets [{s['base']}, {s['end']})")
