@@ -87,6 +87,10 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
     seen: set[str] = set()
     sizes: dict[int, tuple[int, int]] = {}
     marks = {commits // 10, commits}
+    # The open figure at 1M chunks (the issue's size), at a checkpoint and 50 entries on.
+    million = -(-1_000_000 // partitions)
+    opens: dict[int, float] = {}
+    peer: list[tuple[int, float]] = []  # (commit, a plain file's create + fsync + unlink)
     for i in range(1, commits + 1):
         refs = []
         for p in range(partitions):
@@ -103,8 +107,11 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
                         cp_bytes.append((i, os.path.getsize(os.path.join(log_dir, n))))
                     except FileNotFoundError:
                         pass
+            peer.append((i, _peer_commit(base)))
         if i in marks:
             sizes[i] = _dir_bytes(log_dir)
+        if i in (million, million + 50):
+            opens[i - million] = _open_once(root)
     tenth = max(1, min(commits // 10, WINDOW))  # the issue's windows: 10,000 commits
     first, last = times[:tenth], times[-tenth:]
     after = times[tenth:]
@@ -112,7 +119,11 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
     early = [b for c, b in cp_bytes if c <= tenth] or [0]
     late = [b for c, b in cp_bytes if c > commits - tenth] or [0]
     store.close()
+    peer_first = [t for c, t in peer if c <= tenth] or [0.0]
+    peer_last = [t for c, t in peer if c > commits - tenth] or [0.0]
     return {"commits": commits, "partitions": partitions, "window": tenth,
+            "peer_first_p50": _pct(peer_first, 50), "peer_last_p50": _pct(peer_last, 50),
+            "open_at_million": opens,
             "first_p50": _pct(first, 50), "first_p99": _pct(first, 99),
             "last_p50": _pct(last, 50), "last_p99": _pct(last, 99),
             "max_after_first": max(after) if after else 0.0, "max_at": worst + 1,
@@ -122,22 +133,49 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
             "grace_ms": grace_ms}
 
 
-def open_costs(root: str, commits: int, extra: int = 50) -> dict:
-    """Store.open + topic + latest_offsets on the history topic: at its checkpoint and
-    ``extra`` entries after it (appended now)."""
+def _peer_commit(base: str) -> float:
+    """A commit's plain-file peer: create a 1 KB file, fsync it and its directory, unlink
+    it. Timed beside the commits, it shows whether the machine itself slowed down."""
+    path = os.path.join(base, "peer.json")
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"x" * 1024)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(base, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    t = time.perf_counter() - t0
+    os.unlink(path)
+    return t
+
+
+def _open_once(root: str) -> float:
+    """Median of 5: Store.open + topic + latest_offsets on the history topic, each in a
+    fresh process."""
+    code = ("import time, sys; t0 = time.perf_counter(); from tier_store import Store; "
+            "t1 = time.perf_counter(); s = Store.open(sys.argv[1]); "
+            "s.topic('h').latest_offsets(); print(time.perf_counter() - t1)")
+
     def once() -> float:
-        code = ("import time, sys; t0 = time.perf_counter(); from tier_store import Store; "
-                "t1 = time.perf_counter(); s = Store.open(sys.argv[1]); "
-                "s.topic('h').latest_offsets(); print(time.perf_counter() - t1)")
         out = subprocess.run([sys.executable, "-c", code, root], capture_output=True,
                              text=True, check=True, cwd=os.path.dirname(HERE))
         return float(out.stdout.strip())
+    return statistics.median(once() for _ in range(5))
 
-    at_cp = statistics.median(once() for _ in range(5))
+
+def open_costs(root: str, commits: int, extra: int = 50) -> dict:
+    """Store.open + topic + latest_offsets on the history topic: at its checkpoint and
+    ``extra`` entries after it (appended now)."""
+    at_cp = _open_once(root)
     topic = Store.open(root).topic("h")
     for _ in range(extra):
         topic.append(ONE, partition=0)
-    after = statistics.median(once() for _ in range(5))
+    after = _open_once(root)
     return {"at_checkpoint": at_cp, "after": after, "extra": extra,
             "version": topic.version, "chunks": commits * 8 + extra}
 
@@ -400,10 +438,20 @@ def _history_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
                          for k, v in h["log_dir"].items())
              + f" (the log keeps what was written within `log.cleanup.grace.ms`, "
              f"{h.get('grace_ms', 600_000) / 1000:,.0f} s here)."]
+    if h.get("peer_first_p50"):
+        lines += ["", "The machine over the same run: a plain file created, fsynced and "
+                  f"unlinked every 100 commits took {ms(h['peer_first_p50'])} (p50) in the "
+                  f"first window and {ms(h['peer_last_p50'])} in the last "
+                  f"({h['peer_last_p50'] / h['peer_first_p50']:.2f}×)."]
     o = r["open"]
-    return lines + ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
+    lines += ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
               f"{o['chunks']:,} chunks): {ms(o['at_checkpoint'])} at a checkpoint, "
               f"{ms(o['after'])} {o['extra']} entries after it (≤ 20 ms)."]
+    m = h.get("open_at_million") or {}
+    if m:
+        lines[-1] += (f" At 1,000,000 chunks, during the run: {ms(m[0])} at a checkpoint"
+                      + (f", {ms(m[50])} 50 entries after it." if 50 in m else "."))
+    return lines
 
 
 def _partition_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
