@@ -105,15 +105,15 @@ def topic_lag(topic: Topic, start: dict[str, int] | None, end: dict[str, int],
             nbytes += topic.bytes_between(p, at, hi)
     batch = tier1 = 0
     if batch_known and (start is not None or end):
+        ranges = []
+        begin = start or {}
         for p_s, e in end.items():
             p = int(p_s)
-            if p >= len(earliest):
-                continue
-            s = max(int((start or {}).get(p_s, earliest[p])), earliest[p])
-            if e > s:  # only the batch's chunks: not every segment of the partition
-                by_tier = topic.bytes_by_tier(p, s, e)
-                batch += sum(by_tier.values())
-                tier1 += by_tier.get(1, 0)
+            if p < len(earliest):
+                ranges.append((p, max(int(begin.get(p_s, earliest[p])), earliest[p]), e))
+        # Only the batch's chunks: not every segment of the partition.
+        by_tier = topic.bytes_by_tier(ranges)
+        batch, tier1 = sum(by_tier.values()), by_tier.get(1, 0)
     return TopicLag(topic.name, sum(behind.values()), nbytes, behind, batch, tier1)
 
 

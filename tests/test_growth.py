@@ -407,7 +407,7 @@ def test_finding_a_ranges_chunks_visits_only_the_segments_near_it(tmp_path):
     before = ChunkIndex.visits
     for _ in range(10):
         assert [b.num_rows for b in fresh.read(0, end - 1, end)] == [1]
-        assert fresh.bytes_by_tier(0, end - 1, end)
+        assert fresh.bytes_by_tier([(0, end - 1, end)])
     assert ChunkIndex.visits - before <= 20 * 2  # the newest segment, and one before it
     # The whole range still finds every chunk.
     assert sum(b.num_rows for b in fresh.read(0, 0)) == end

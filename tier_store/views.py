@@ -7,7 +7,7 @@ topic handle stays a thin façade and the views can be tested on a state alone.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -119,9 +119,18 @@ def bytes_by_tier(st: TopicState, p: int, start: int, end: int) -> dict[int, int
     return out
 
 
-def topic_bytes_by_tier(topic: Any, partition: int, start: int, end: int) -> dict[int, int]:
-    """``Topic.bytes_by_tier``: :func:`bytes_by_tier` of the topic's current state."""
-    return bytes_by_tier(topic.log.current, partition, start, end)
+def topic_bytes_by_tier(topic: Any, ranges: Iterable[tuple[int, int, int]]
+                        ) -> dict[int, int]:
+    """``Topic.bytes_by_tier``: the bytes of records ``(partition, start, end)`` of every
+    range, summed by the tier holding them (:func:`bytes_by_tier`), in the topic's current
+    state: one call for a batch of a thousand partitions."""
+    st = topic.log.current
+    out: dict[int, int] = {}
+    for p, start, end in ranges:
+        if end > start:
+            for tier, n in bytes_by_tier(st, p, start, end).items():
+                out[tier] = out.get(tier, 0) + n
+    return out
 
 
 def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
