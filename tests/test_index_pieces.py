@@ -296,3 +296,46 @@ def test_a_list_whose_pieces_do_not_add_up_is_refused():
     back, data2 = encode_list([b, a])  # out of order: named truly, still refused
     with pytest.raises(CorruptLog, match="order"):
         checked_list(data2, back, "x")
+
+
+def test_rows_after_a_list_are_named_piece_by_piece_then_listed_again(tmp_path,
+                                                                      small_pieces):
+    # A segment deemed sealed may still take rows: a writer that wrote to it before the
+    # partition rolled commits after. Its list then gives way to its pieces.
+    from tier_store.chunk_index import ChunkIndex
+    from tier_store.chunk_rows import SegmentRows
+    from tier_store.entries import ChunkRecord
+    topic = Store.open(str(tmp_path / "store")).create_topic("t", make_batch(0, 1).schema)
+    topic.append(make_batch(0, 1))
+    topic.write_checkpoint()
+    source = topic.state().index
+    assert source.store is not None
+    index = ChunkIndex(0, source)
+    offset = 0
+
+    def add(n: int) -> None:
+        nonlocal offset
+        for _ in range(n):
+            index.append(ChunkRecord(0, 7, 1, 64 * offset, 60, offset, 1, offset), 1000 + offset)
+            offset += 1
+
+    def cut() -> None:
+        index.cut_pieces(lambda seq: True, source.put)
+
+    add(64)
+    cut()
+    [listed] = index.pieces_of(7)
+    assert listed.listed and listed.rows == 64
+    add(40)
+    cut()  # a block of the new rows becomes a piece; the list gives way
+    refs = index.pieces_of(7)
+    assert [r.rows for r in refs] == [32, 32, 32] and not any(r.listed for r in refs)
+    add(24)
+    cut()
+    [again] = index.pieces_of(7)
+    assert again.listed and again.rows == 128 and again != listed
+    assert index.segment_rows(7)["base"].tolist() == list(range(128))
+    # A new reader of the segment, from what a checkpoint names, reads the same rows.
+    fresh = ChunkIndex(0, source, None, [SegmentRows(7, 1, [again])])
+    assert fresh.overlapping(100, 103)["base"].tolist() == [100, 101, 102]
+    assert fresh.segment_rows(7)["ts"].tolist() == [1000 + i for i in range(128)]

@@ -88,10 +88,16 @@ class ChunkIndex:
     def refs(self, seg: SegmentRows) -> list[PieceRef]:
         """``seg``'s pieces, in offset order: its list is read first if the checkpoint
         named only that."""
-        if seg.listed is not None and len(seg.pieces) == 1 and seg.pieces[0] is seg.listed:
-            seg.pieces = self.source.load_list(
+        pieces = seg.pieces
+        if seg.listed is None or not pieces or pieces[0] is not seg.listed:
+            return pieces
+        # Kept apart, never put in ``pieces``: a reader without the handle's lock must not
+        # undo what a checkpoint changes there meanwhile.
+        got = seg.loaded
+        if got is None:
+            got = seg.loaded = self.source.load_list(
                 piece_dir(self.partition, seg.seq, seg.tier), seg.listed)
-        return seg.pieces
+        return got
 
     def _split(self) -> None:
         """Give the checkpoint's loose rows to their segments."""
@@ -292,9 +298,10 @@ class ChunkIndex:
             # Only once all are stored: a failed put leaves the segment's rows as they were
             # (the pieces stored so far are named by no checkpoint, and die with the segment).
             if seg.listed is not None:  # rows came after its list: named piece by piece
-                self.refs(seg)
-                seg.listed = None
-            seg.pieces.extend(refs)
+                seg.pieces = [*self.refs(seg), *refs]
+                seg.listed = seg.loaded = None
+            else:
+                seg.pieces.extend(refs)
             seg.keep_loose(loose[stop:])
         for seg in self._segs.values():  # sealed and all in pieces: named by one list
             if seg.listed is None and len(seg.pieces) > 1 and not seg._n and sealed(seg.seq):

@@ -130,6 +130,7 @@ class SegmentRows:
         self.pieces = list(pieces)
         self.listed = self.pieces[0] if len(self.pieces) == 1 and self.pieces[0].listed \
             else None
+        self.loaded: list[PieceRef] | None = None  # the listed pieces, once read
         # Shared while empty (an empty structured array costs ~9k instructions to make, per
         # partition at every open): the first row added grows a new one.
         self._a, self._n = _NO_ROWS, 0
