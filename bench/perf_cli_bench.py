@@ -23,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +133,8 @@ def main() -> None:
     if not os.path.exists(PAFKA):
         ap.error(f"--records: the pafka command is not installed beside {sys.executable}")
     output = Output(args)
-    base = os.path.join(HERE, "data")
+    # A directory of its own: other benches may be using bench/data meanwhile.
+    base = os.path.join(HERE, "data", f"perf-cli-{uuid.uuid4().hex[:8]}")
     os.makedirs(base, exist_ok=True)
     kinds = ["file"] + (["pmem"] if os.path.isdir("/dev/shm") else [])
     res = {}
