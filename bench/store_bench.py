@@ -286,7 +286,8 @@ def main() -> None:
             ap.error("--s3 auto needs Ceph (ceph-mon ceph-osd radosgw ceph-common; "
                      "PAFKA_SETUP_S3=1 bash .ci/setup installs them): give --s3 URL or --s3 off")
     output = Output(args)
-    base = os.path.join(HERE, "data")
+    # A directory of its own: other benches may be using bench/data meanwhile.
+    base = os.path.join(HERE, "data", f"store-{uuid.uuid4().hex[:8]}")
     os.makedirs(base, exist_ok=True)
     n = args.records
     mb = n * RECORD_BYTES / 1e6

@@ -31,6 +31,7 @@ import shutil
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -302,7 +303,8 @@ def main() -> None:
     add_output_args(ap)
     args = ap.parse_args()
     output = Output(args)
-    base = os.path.join(HERE, "data")
+    # A directory of its own: other benches may be using bench/data meanwhile.
+    base = os.path.join(HERE, "data", f"validation-{uuid.uuid4().hex[:8]}")
     os.makedirs(base, exist_ok=True)
     try:
         store = {}
