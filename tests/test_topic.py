@@ -533,6 +533,19 @@ def test_missing_segment_file_raises_data_loss_naming_it(file_store):
     assert read_all(fresh, 0, 10) == list(range(10, 15))
 
 
+def test_a_writer_whose_segment_file_was_removed_rolls_instead_of_failing_each_commit(
+        file_store):
+    # The same handle, whose writer still holds the removed file open: without the check
+    # each append wrote there and each commit was refused ("found no file"), forever.
+    t = file_store.create_topic("t", SCHEMA)
+    t.append(make_batch(0, 10))
+    os.unlink(t.segments()[0].path)
+    for i in range(3):
+        t.append(make_batch(10 + 5 * i, 5))
+    assert read_all(t, 0, 10) == list(range(10, 25))
+    assert len(t.segments()) == 2
+
+
 def test_a_chunk_bigger_than_a_segment_is_split_or_gets_its_own_segment(file_store):
     t = file_store.create_topic("t", SCHEMA)  # 64 KiB segments
     big = make_batch(0, 20_000)

@@ -180,6 +180,14 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def file_unlinked(fd: int) -> bool:
+    """Whether the file open as ``fd`` (-1: none) was removed from every directory."""
+    try:
+        return fd >= 0 and os.fstat(fd).st_nlink == 0
+    except OSError:
+        return True
+
+
 @contextlib.contextmanager
 def file_lock(path: str, shared: bool = False) -> Iterator[None]:
     """Hold an exclusive (or ``shared``) ``flock`` on ``path`` (created if missing). Each call

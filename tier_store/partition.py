@@ -145,9 +145,8 @@ class PartitionLog:
                                         f"local tier answered {os.strerror(e.errno)} for a "
                                         f"chunk of {chunk.size} bytes; free space or run the "
                                         "migration service") from e
-                    # The tier's filesystem is full: it counts as full until space returns,
-                    # and the chunk goes to a new segment on the next local tier with room
-                    # (StoreFull when none has). What was written here is a hole.
+                    # The tier's filesystem is full (until space returns): the chunk goes to
+                    # a new segment on the next local tier with room (StoreFull if none).
                     self.host.mark_out_of_space(tier, e)
                     seq, tier, w = self._roll(seq, w, chunk.size, durable)
                     pos = align(w.header().end)
@@ -278,16 +277,17 @@ class PartitionLog:
                         self.number, self._pointer, segment_id(self.number, seq))
             return self._roll(self._last_seq(), None, need, durable)
         tier = self.host.tier(tier_no)
-        if self._writer is not None and self._writer[0] == ptr:
-            return seq, tier, self._writer[1]
-        if self._writer is not None:
-            self._retire(self._writer[1], durable)
+        held = self._writer  # kept unless its file left its directory (removed by hand)
+        if held is not None and held[0] == ptr and not held[1].unlinked():
+            return seq, tier, held[1]
+        if held is not None:
+            self._retire(held[1], durable)
             self._writer = None
         try:
             w = tier.open_segment(tier.segment_path(self.topic, self.number, seq))
         except FileNotFoundError:
-            # The active segment's file is gone (e.g. tier 1 was RAM and the host rebooted):
-            # start the next segment; what was lost is reported by readers as DataLoss.
+            # The active segment's file is gone (tier 1 on RAM after a reboot, or removed by
+            # hand): start the next segment; readers report what was lost as DataLoss.
             log.warning("topic %s partition %d: active segment %s is missing; rolling",
                         self.topic, self.number, segment_id(self.number, seq))
             return self._roll(max(seq, self._last_seq() or 0), None, need, durable)

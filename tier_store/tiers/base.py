@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from ..chunk import EncodedChunk
 from ..config import WHOLE_FILESYSTEM, TierSpec
 from ..errors import CorruptSegment
-from ..layout import fsync_dir, makedirs_durable, not_regular, segment_relpath
+from ..layout import file_unlinked, fsync_dir, makedirs_durable, not_regular, segment_relpath
 from ..segment import HEADER_SIZE, SegmentHeader
 from . import space
 
@@ -47,6 +47,10 @@ class SegmentWriter(ABC):
     # Directories whose entries for this file may not be durable yet: a segment created
     # with durable=False, or opened by a writer that did not create it.
     _entry_dirs: tuple[str, ...] = ()
+
+    def unlinked(self) -> bool:
+        """Whether its file left its directory (removed by hand): writes there never commit."""
+        return file_unlinked(getattr(self, "_fd", -1))
 
     def defer_entry(self, *dirs: str) -> None:
         """Leave the fsync of ``dirs`` (this file's directory entries) to the next sync."""
@@ -90,8 +94,7 @@ class SegmentWriter(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Make what was written durable (:meth:`sync`), then release the file (and
-        mapping)."""
+        """Make what was written durable (:meth:`sync`), then release the file and mapping."""
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -105,11 +108,10 @@ def unsafe_path_error(tier: InsideTier, path: str, what: str) -> CorruptSegment:
 
 
 class InsideTier:
-    """Files of a local tier reached without following a symbolic link below the tier's
-    directory: ``O_NOFOLLOW`` guards only a path's last component, so each directory on the
-    way (``<topic>/``, ``<partition>/``, ``_pool/``) is opened on its own. A link, or a file
-    that is not a regular file on the tier's device, is :class:`CorruptSegment` naming it.
-    The tier's own directory may be a link (an operator's choice of where the tier lives)."""
+    """Files of a local tier reached through no symbolic link below the tier's directory:
+    ``O_NOFOLLOW`` guards only a path's last component, so each directory on the way is
+    opened on its own. A link, or a file that is not a regular file on the tier's device, is
+    :class:`CorruptSegment` naming it. The tier's own directory may be a link."""
 
     path: str
     number: int
@@ -119,8 +121,7 @@ class InsideTier:
         the descriptor. FileNotFoundError when a directory on the way is missing."""
         rel = os.path.relpath(path, self.path)
         parts = rel.split(os.sep)
-        if rel.startswith(os.pardir) or os.path.isabs(rel) or "" in parts or \
-                os.pardir in parts:
+        if rel.startswith(os.pardir) or os.path.isabs(rel) or "" in parts or os.pardir in parts:
             raise unsafe_path_error(self, path, "outside the tier's directory")
         fd = os.open(self.path, _DIR_FLAGS)
         try:
@@ -140,8 +141,7 @@ class InsideTier:
         return fd, parts[-1]
 
     def make_dirs(self, d: str, durable: bool = True) -> list[str]:
-        """:func:`~tier_store.layout.makedirs_durable` of ``d``, where a dangling link on
-        the way is CorruptSegment naming ``d`` rather than FileExistsError."""
+        """``makedirs_durable(d)``; a dangling link on the way is CorruptSegment naming it."""
         try:
             return makedirs_durable(d, durable)
         except FileExistsError:
