@@ -436,3 +436,28 @@ def test_the_segments_holding_a_range_are_those_a_full_scan_finds(appends, start
     assert [int(b) for b in rows["base"]] == sorted(
         b for b, n in zip(*[[int(x) for x in idx.rows()[k]] for k in ("base", "records")],
                           strict=True) if b < stop and b + n > start)
+
+
+def test_a_commit_looks_at_the_segments_it_writes_to_not_at_every_segment(tmp_path,
+                                                                          monkeypatch):
+    # Finding a retried commit's chunks looked at every segment of the partition, per chunk:
+    # thousands after a year of a stream.
+    from tier_store.chunk_rows import SegmentRows
+    store = _store(tmp_path)
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    _fill_segments(topic, 120)
+    assert len(topic.segments()) >= 100
+    looked = []
+    real = SegmentRows.loose
+
+    def loose(self):
+        looked.append(self.seq)
+        return real(self)
+
+    monkeypatch.setattr(SegmentRows, "loose", loose)
+    for fresh in (topic, Store.open(str(tmp_path / "store")).topic("t")):
+        refs = fresh.write_chunks(make_batch(0, 1)) + fresh.write_chunks(make_batch(1, 1))
+        looked.clear()
+        assert len(fresh.commit(refs)) == 2
+        assert len(set(looked)) <= 2, sorted(set(looked))  # the chunks' segments only
+        assert fresh.commit(refs) == []  # a retry finds them: nothing appended twice

@@ -202,18 +202,21 @@ class ChunkIndex:
             self._reach[j] = seg.end
             j += 1
 
-    def committed_since(self, ts: int) -> np.ndarray:
-        """Rows committed at or after ``ts``, in offset order: only the pieces committed
-        since then are read, and of a checkpoint's rows not split yet, only those."""
+    def committed_since(self, seq: int, ts: int) -> np.ndarray:
+        """Segment ``seq``'s rows committed at or after ``ts``, in offset order: one segment
+        whatever the partition's history (a commit asks per chunk); of its pieces only those
+        committed since then are read, and of a checkpoint's rows not split yet, only those."""
         parts = []
         if self._inline is not None:
             held, start, n = self._inline
             times = held.table.column("ts").slice(start, n).to_numpy()
             first = int(np.searchsorted(times, ts, side="left"))
             if first < n:
-                parts.append(table_rows(held.table.slice(start + first, n - first),
-                                        held.where))
-        for seg in self._segs.values():
+                tail = table_rows(held.table.slice(start + first, n - first), held.where)
+                parts.append(tail[tail["seq"] == seq])
+        seg = self._segs.get(seq)
+        if seg is not None:
+            ChunkIndex.visits += 1
             if seg.pieces and max(r.ts_max for r in seg.pieces) >= ts:
                 parts.extend(self._piece(seg, r) for r in self.refs(seg) if r.ts_max >= ts)
             loose = seg.loose()

@@ -163,10 +163,10 @@ class SegmentInPlace:
 
 def _committed_at(state: TopicState, ref: ChunkRef) -> np.ndarray:
     """The chunk-index rows committed at ``ref``'s place since it was written. A chunk is
-    committed after it was written, so only rows committed since then can hold it: a short
-    tail of the index."""
-    tail = state.part(ref.partition).chunks.committed_since(ref.written_ms - 1000)
-    return tail[(tail["seq"] == ref.seq) & (tail["pos"] == ref.pos)]
+    committed after it was written, so only rows of its segment committed since then can
+    hold it: a short tail of one segment's rows."""
+    tail = state.part(ref.partition).chunks.committed_since(ref.seq, ref.written_ms - 1000)
+    return tail[tail["pos"] == ref.pos]
 
 
 @dataclass(frozen=True)
