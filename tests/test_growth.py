@@ -461,3 +461,29 @@ def test_a_commit_looks_at_the_segments_it_writes_to_not_at_every_segment(tmp_pa
         assert len(fresh.commit(refs)) == 2
         assert len(set(looked)) <= 2, sorted(set(looked))  # the chunks' segments only
         assert fresh.commit(refs) == []  # a retry finds them: nothing appended twice
+
+
+def test_weighing_a_long_backlog_reads_no_chunk_rows_of_the_segments_inside_it(
+        tmp_path, monkeypatch):
+    # A query far behind weighs its backlog every batch (lag, maxBytesPerTrigger): whole
+    # segments count their figures; only the two at the ends read rows.
+    import numpy as np
+
+    from tier_store import chunk_index
+    from tier_store.index_pieces import IndexPieces
+    monkeypatch.setattr(chunk_index, "PIECE_ROWS", 4)
+    store = _store(tmp_path, **{"log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    _fill_segments(topic, 60)
+    end = topic.latest_offsets()[0]
+    fresh = Store.open(str(tmp_path / "store")).topic("t")
+    IndexPieces._cache.clear()
+    IndexPieces._cached_bytes = 0
+    before = IndexPieces.loaded
+    got = fresh.bytes_between(0, 150, end - 150)
+    assert IndexPieces.loaded - before <= 4  # the end segments' pieces (and lists), no more
+    rows = fresh.state().part(0).chunks.rows()
+    lo = np.maximum(rows["base"], 150)
+    hi = np.minimum(rows["base"] + rows["records"], end - 150)
+    want = (np.clip(hi - lo, 0, None) / rows["records"] * rows["length"]).sum()
+    assert abs(got - want) <= 2  # the same figure as weighing every chunk
