@@ -526,6 +526,9 @@ def main() -> None:
     ap.add_argument("--grace-ms", type=int_range(0, 10**9), default=600_000,
                     help="log.cleanup.grace.ms of the history run (default the store's): "
                          "the log keeps what was written within it")
+    ap.add_argument("--keep-history", metavar="DIR",
+                    help="move the history section's store to DIR when done (a new path), to "
+                         "study a long log afterwards; by default it is deleted")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"which to run, comma-separated (default all: {','.join(SECTIONS)})")
     add_output_args(ap)
@@ -534,6 +537,8 @@ def main() -> None:
     print(f"open files limit: {_raise_open_files()}", flush=True)
     if not run or not run <= set(SECTIONS):
         ap.error(f"--sections {args.sections!r}: each must be one of {', '.join(SECTIONS)}")
+    if args.keep_history and os.path.lexists(args.keep_history):
+        ap.error(f"--keep-history {args.keep_history!r}: give a path that does not exist yet")
     output = Output(args)
     base = tempfile.mkdtemp(prefix="pafka-scale-", dir=os.path.join(HERE))
     r: dict = {}
@@ -544,6 +549,9 @@ def main() -> None:
             print(r["history"], flush=True)
             r["open"] = open_costs(r["history"].pop("root"), args.commits)
             print(r["open"], flush=True)
+            if args.keep_history:
+                shutil.move(os.path.join(base, "history"), args.keep_history)
+                print(f"history store kept in {args.keep_history}", flush=True)
             shutil.rmtree(os.path.join(base, "history"), ignore_errors=True)
         if "partitions" in run:
             r["partitions"] = partitions(base, [int(x) for x in args.partitions.split(",")])
