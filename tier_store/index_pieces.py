@@ -117,6 +117,20 @@ def _digest(body: memoryview | bytes, rows: int, magic: bytes = _MAGIC) -> int:
     return h.intdigest()
 
 
+def _signed_body(view: memoryview, ref: PieceRef, where: str, magic: bytes,
+                 what: str) -> memoryview:
+    """The bytes before a piece's or list's trailer, once the trailer (``magic``, ``ref``'s
+    rows, the xxh3 in its name) matches them; :class:`CorruptLog` naming ``where``."""
+    if len(view) < _TRAILER.size:
+        raise CorruptLog(f"{what} {where} is damaged: {len(view)} bytes, too short")
+    found, rows, digest = _TRAILER.unpack(view[len(view) - _TRAILER.size:])
+    body = view[:len(view) - _TRAILER.size]
+    if found != magic or rows != ref.rows or f"{digest:016x}" != ref.name[:16] \
+            or _digest(body, rows, magic) != digest:
+        raise CorruptLog(f"{what} {where} is damaged: its bytes do not match its name")
+    return body
+
+
 def encode_list(refs: list[PieceRef]) -> tuple[PieceRef, bytes]:
     """A sealed segment's pieces ``refs`` (in offset order) as a stored list: the reference
     a checkpoint names in their place (their figures summed), and its bytes."""
@@ -133,14 +147,7 @@ def checked_list(data: bytes | pa.Buffer, ref: PieceRef, where: str) -> list[Pie
     """The pieces list ``ref`` names, once its bytes match its name and its pieces add up
     to what ``ref`` says of them (in order, within its offsets); :class:`CorruptLog`
     naming ``where`` otherwise."""
-    view = memoryview(data)
-    if len(view) < _TRAILER.size:
-        raise CorruptLog(f"index list {where} is damaged: {len(view)} bytes, too short")
-    magic, rows, digest = _TRAILER.unpack(view[len(view) - _TRAILER.size:])
-    body = view[:len(view) - _TRAILER.size]
-    if magic != _LIST_MAGIC or rows != ref.rows or f"{digest:016x}" != ref.name[:16] \
-            or _digest(body, rows, _LIST_MAGIC) != digest:
-        raise CorruptLog(f"index list {where} is damaged: its bytes do not match its name")
+    body = _signed_body(memoryview(data), ref, where, _LIST_MAGIC, "index list")
     try:
         raw = json.loads(bytes(body))
         if not isinstance(raw, list) or not raw:
@@ -174,14 +181,7 @@ def checked_piece(data: bytes | pa.Buffer, ref: PieceRef, where: str) -> pa.Tabl
     """The rows table of piece ``ref`` once its bytes match its name; :class:`CorruptLog`
     naming ``where`` otherwise."""
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
-    view = memoryview(buf)
-    if len(view) < _TRAILER.size:
-        raise CorruptLog(f"index piece {where} is damaged: {len(view)} bytes, too short")
-    magic, rows, digest = _TRAILER.unpack(view[len(view) - _TRAILER.size:])
-    body = view[:len(view) - _TRAILER.size]
-    if magic != _MAGIC or rows != ref.rows or f"{digest:016x}" != ref.name[:16] \
-            or _digest(body, rows) != digest:
-        raise CorruptLog(f"index piece {where} is damaged: its bytes do not match its name")
+    body = _signed_body(memoryview(buf), ref, where, _MAGIC, "index piece")
     try:
         table = pa.ipc.open_file(buf.slice(0, len(body))).read_all()
         table.validate(full=True)
