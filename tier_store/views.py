@@ -18,7 +18,7 @@ from .layout import SEGMENT_SUFFIX, topic_dir
 from .partition import is_settled
 from .reading import PlannedChunk, ReadPlan
 from .records import SegmentInfo
-from .state import TopicState
+from .state import PartitionState, SegmentState, TopicState
 from .tiers import Tier, space
 
 if TYPE_CHECKING:
@@ -88,10 +88,8 @@ def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
     if end <= start:
         return 0
     part = st.part(p)
-    segs = part.segments
     total = 0
-    for seg in (segs.values() if len(segs) <= 4 else
-                [segs[q] for q in part.chunks.segments_holding(start, end)]):
+    for seg in _segments_near(part, start, end):
         if seg.end <= start or seg.base >= end:
             continue
         if start <= seg.base and seg.end <= end:
@@ -100,6 +98,16 @@ def bytes_between(st: TopicState, p: int, start: int, end: int) -> int:
         rows = part.chunks.overlapping(max(start, seg.base), min(end, seg.end))
         total += _chunk_bytes(rows[rows["seq"] == seg.seq], start, end)
     return total
+
+
+def _segments_near(part: PartitionState, start: int, end: int) -> Iterable[SegmentState]:
+    """Partition ``part``'s segments that may hold offsets of ``[start, end)`` (callers
+    check each): a few are looked at directly, more found by the index's ordered search,
+    whatever the partition's history."""
+    segs = part.segments
+    if len(segs) <= 4:
+        return segs.values()
+    return [segs[q] for q in part.chunks.segments_holding(start, end)]
 
 
 def _chunk_bytes(rows: np.ndarray, start: int, end: int) -> int:
@@ -124,10 +132,7 @@ def bytes_by_tier(st: TopicState, p: int, start: int, end: int) -> dict[int, int
     segments holding the range, whatever the partition's history; reads no chunk row."""
     part = st.part(p)
     out: dict[int, int] = {}
-    segs = part.segments
-    # A few segments are looked at directly; more, found by the index's ordered search.
-    for seg in (segs.values() if len(segs) <= 4 else
-                [segs[q] for q in part.chunks.segments_holding(start, end)]):
+    for seg in _segments_near(part, start, end):
         if seg.end <= start or seg.base >= end:
             continue
         lo, hi = max(start, seg.base), min(end, seg.end)
