@@ -219,8 +219,7 @@ class ChunkIndex:
             ChunkIndex.visits += 1
             if seg.pieces and max(r.ts_max for r in seg.pieces) >= ts:
                 parts.extend(self._piece(seg, r) for r in self.refs(seg) if r.ts_max >= ts)
-            loose = seg.loose()
-            parts.append(loose[loose["ts"] >= ts])
+            parts.append(seg.loose_since(ts))
         rows = _in_order(parts)
         return rows[rows["ts"] >= ts]
 
@@ -232,7 +231,7 @@ class ChunkIndex:
         new = seg is None or seg.base < 0
         if seg is None:
             seg = self._segs[c.seq] = SegmentRows(c.seq, c.tier)
-        seg.add_row(row, c.base, c.base + c.records)
+        seg.add_row(row, c.base, c.base + c.records, ts)
         self._grew(seg, new)
         if self._all is not None:
             if self._all_n == len(self._all):

@@ -137,6 +137,9 @@ class SegmentRows:
         # The loose rows' bases as Python ints: a stream's next batch is found among them by
         # bisection, without numpy's per-call cost (a driver asks once per partition).
         self._bases: list[int] = []
+        # Per loose row, the latest commit time up to it (clocks may step back): the rows
+        # committed since a time are found by bisection, not by a scan (a commit asks).
+        self._ts_top: list[int] = []
         self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
         self.end = max((r.end for r in self.pieces), default=-1)
 
@@ -157,7 +160,14 @@ class SegmentRows:
         self._a[self._n:self._n + len(rows)] = rows
         self._n += len(rows)
         self._bases += rows["base"].tolist()
+        self._grow_top(rows["ts"].tolist())
         self._span(rows)
+
+    def _grow_top(self, ts: list[int]) -> None:
+        top = self._ts_top[-1] if self._ts_top else ts[0] if ts else 0
+        for t in ts:
+            top = t if t > top else top
+            self._ts_top.append(top)
 
     def _span(self, rows: np.ndarray) -> None:
         if len(rows):
@@ -165,8 +175,9 @@ class SegmentRows:
             self.base = first if self.base < 0 else min(self.base, first)
             self.end = max(self.end, int(rows["base"][-1] + rows["records"][-1]))
 
-    def add_row(self, row: tuple[int, ...], base: int, end: int) -> None:
-        """Append one row (``base``, ``end``: its offsets) after every row here."""
+    def add_row(self, row: tuple[int, ...], base: int, end: int, ts: int) -> None:
+        """Append one row (``base``, ``end``: its offsets; ``ts``: its commit time) after
+        every row here."""
         if self._n == len(self._a):
             grown = np.empty(max(16, 2 * self._n), CHUNK_DTYPE)
             grown[:self._n] = self.loose()
@@ -174,6 +185,8 @@ class SegmentRows:
         self._a[self._n] = row
         self._n += 1
         self._bases.append(base)
+        top = self._ts_top
+        top.append(ts if not top or ts > top[-1] else top[-1])
         self.base = base if self.base < 0 else min(self.base, base)
         self.end = max(self.end, end)
 
@@ -181,17 +194,24 @@ class SegmentRows:
         """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
         if not self._n:  # held as they are (a view): the next row added grows a new array
             self._a, self._n = rows, len(rows)
-            self._bases = rows["base"].tolist()
+            self._bases, self._ts_top = rows["base"].tolist(), []
+            self._grow_top(rows["ts"].tolist())
             self._span(rows)
             return
         tail = self.loose().copy()
-        self._a, self._n, self._bases = _NO_ROWS, 0, []
+        self._a, self._n, self._bases, self._ts_top = _NO_ROWS, 0, [], []
         self.add(rows)
         self.add(tail)
 
     def keep_loose(self, rows: np.ndarray) -> None:
         self._a, self._n = rows.copy(), len(rows)
-        self._bases = rows["base"].tolist()
+        self._bases, self._ts_top = rows["base"].tolist(), []
+        self._grow_top(rows["ts"].tolist())
+
+    def loose_since(self, ts: int) -> np.ndarray:
+        """The loose rows committed at or after ``ts``, in offset order."""
+        tail = self._a[bisect_left(self._ts_top, ts):self._n]
+        return tail[tail["ts"] >= ts]
 
     def loose_between(self, start: int, stop: int) -> np.ndarray:
         """The loose rows holding any offset of ``[start, stop)`` (see :func:`_between`)."""
