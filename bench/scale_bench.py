@@ -123,7 +123,12 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
     store.close()
     peer_first = [t for c, t in peer if c <= tenth] or [0.0]
     peer_last = [t for c, t in peer if c > commits - tenth] or [0.0]
-    return {"commits": commits, "partitions": partitions, "window": tenth,
+    # The run's course, a tenth at a time: where a ratio grows, and whether the peer did too.
+    step = max(1, commits // 10)
+    course = [(i + step, _pct(times[i:i + step], 50), _pct(cpu[i:i + step], 50),
+               _pct([t for c, t in peer if i < c <= i + step] or [0.0], 50))
+              for i in range(0, commits - step + 1, step)]
+    return {"commits": commits, "partitions": partitions, "window": tenth, "course": course,
             "peer_first_p50": _pct(peer_first, 50), "peer_last_p50": _pct(peer_last, 50),
             "open_at_million": opens,
             "cpu_first_p50": _pct(cpu[:tenth], 50), "cpu_last_p50": _pct(cpu[-tenth:], 50),
@@ -449,6 +454,10 @@ def _history_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
                   f"time (p50): {ms(h['cpu_first_p50'])} in the first window, "
                   f"{ms(h['cpu_last_p50'])} in the last "
                   f"({h['cpu_last_p50'] / max(h['cpu_first_p50'], 1e-9):.2f}×)."]
+    if h.get("course"):
+        lines += ["", "| commits up to | commit p50 | its CPU p50 | peer p50 |",
+                  "|---|---|---|---|"]
+        lines += [f"| {c:,} | {ms(t)} | {ms(u)} | {ms(q)} |" for c, t, u, q in h["course"]]
     o = r["open"]
     lines += ["", f"**Open** (`Store.open` + `topic` + `latest_offsets`, in a fresh process, "
               f"{o['chunks']:,} chunks): {ms(o['at_checkpoint'])} at a checkpoint, "
