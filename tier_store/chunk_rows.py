@@ -160,14 +160,15 @@ class SegmentRows:
         self._a[self._n:self._n + len(rows)] = rows
         self._n += len(rows)
         self._bases += rows["base"].tolist()
-        self._grow_top(rows["ts"].tolist())
+        self._grow_top(rows["ts"])
         self._span(rows)
 
-    def _grow_top(self, ts: list[int]) -> None:
-        top = self._ts_top[-1] if self._ts_top else ts[0] if ts else 0
-        for t in ts:
-            top = t if t > top else top
-            self._ts_top.append(top)
+    def _grow_top(self, ts: np.ndarray) -> None:
+        if len(ts):
+            top = np.maximum.accumulate(ts)
+            if self._ts_top:
+                np.maximum(top, self._ts_top[-1], out=top)
+            self._ts_top += top.tolist()
 
     def _span(self, rows: np.ndarray) -> None:
         if len(rows):
@@ -195,7 +196,7 @@ class SegmentRows:
         if not self._n:  # held as they are (a view): the next row added grows a new array
             self._a, self._n = rows, len(rows)
             self._bases, self._ts_top = rows["base"].tolist(), []
-            self._grow_top(rows["ts"].tolist())
+            self._grow_top(rows["ts"])
             self._span(rows)
             return
         tail = self.loose().copy()
@@ -206,7 +207,7 @@ class SegmentRows:
     def keep_loose(self, rows: np.ndarray) -> None:
         self._a, self._n = rows.copy(), len(rows)
         self._bases, self._ts_top = rows["base"].tolist(), []
-        self._grow_top(rows["ts"].tolist())
+        self._grow_top(rows["ts"])
 
     def loose_since(self, ts: int) -> np.ndarray:
         """The loose rows committed at or after ``ts``, in offset order."""
