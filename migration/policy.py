@@ -49,6 +49,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from tier_store import ConfigError
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,47 @@ def plan_moves(segments: Sequence[SegmentView], tiers: Sequence[TierView], low: 
     for s in sorted(ups, key=newest_first(age)):
         out.append(Move(s.topic, (s.id,), s.tier, place[(s.topic, s.id)], s.bytes))
     return out
+
+
+def fill_band(config: Any) -> tuple[float, float]:
+    """The (low, high) fill band of a store's ``storage.migrate.threshold[.low/.high]``;
+    (-1, -1) when migration is disabled."""
+    t = config["storage.migrate.threshold"]
+    if t == -1:
+        return -1.0, -1.0
+    low = config["storage.migrate.threshold.low"]
+    high = config["storage.migrate.threshold.high"]
+    low = t if low is None else low
+    high = t if high is None else high
+    if low > high:
+        raise ConfigError(f"storage.migrate.threshold.low={low} is above "
+                          f"storage.migrate.threshold.high={high}")
+    return low, high
+
+
+def lake_chains(moves: Sequence[Move], is_lake: Callable[[int], bool]) -> list[list[Move]]:
+    """The moves as tasks to run side by side: one each, but a partition's moves to a lake
+    tier (``is_lake(target)``) in one task, in sequence order: a lake takes a partition's
+    segments in order (:mod:`tier_store.lake_table`)."""
+    tasks: list[list[Move]] = []
+    chains: dict[tuple[str, int], list[Move]] = {}
+    for m in moves:
+        if not is_lake(m.target):
+            tasks.append([m])
+            continue
+        p, _ = _id(m.segments[0])
+        if (m.topic, p) not in chains:
+            chains[(m.topic, p)] = []
+            tasks.append(chains[(m.topic, p)])
+        chains[(m.topic, p)].append(m)
+    for ms in chains.values():
+        ms.sort(key=lambda m: _id(m.segments[0])[1])
+    return tasks
+
+
+def _id(segment: str) -> tuple[int, int]:
+    p, seq = segment.split("-")
+    return int(p), int(seq)
 
 
 def plan_compaction(segments: Sequence[SegmentView], shared: int) -> list[Move]:

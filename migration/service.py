@@ -30,6 +30,9 @@ stop it, since every bundle stays until its segment is compacted), the copies re
 chunks from their bundles, and step 5 also deletes the bundles no committed chunk names and
 evicts this host's own tier 1 (:meth:`tier_store.Store.evict_local`). Retention is as above.
 
+A LAKE last tier takes a partition's segments in sequence order, one demotion after another;
+nothing is planned out of it (:mod:`tier_store.maintenance.demote`).
+
 A segment whose file cannot be read (gone with a tier on RAM after a reboot, or corrupt)
 affects only itself: its move is skipped with a warning naming it, it is not planned again for
 a while (a back-off from ``FAILED_RETRY_S`` doubling up to ``FAILED_RETRY_MAX_S``), and every
@@ -61,6 +64,7 @@ from tier_store import (
     seal_idle,
 )
 
+from . import policy
 from .policy import Move, SegmentView, TierView, plan_compaction, plan_moves
 from .stats import MigrationStats, read_stats, save_run
 from .throttle import Throttle
@@ -92,8 +96,9 @@ def store_views(store: Store) -> tuple[list[SegmentView], list[TierView]]:
             continue
         for s in segments:
             # A segment with chunks a writer may still commit waits: moving it would make
-            # that commit fail.
+            # that commit fail. Nothing leaves a lake.
             movable = s.sealed and s.settled if ready is None else s.id in ready
+            movable = movable and not store.tier(s.tier).is_lake
             segs.append(SegmentView(name, s.id, s.partition, SegmentId.parse(s.id).seq, s.tier,
                                     s.bytes, s.last_timestamp, movable, s.file_bytes))
     tiers = []
@@ -131,19 +136,8 @@ class MigrationService:
     # -- configuration ----------------------------------------------------------------------
     def band(self) -> tuple[float, float]:
         """The (low, high) fill band of ``storage.migrate.threshold[.low/.high]``;
-        (-1, -1) when migration is disabled."""
-        c = self.store.config
-        t = c["storage.migrate.threshold"]
-        if t == -1:
-            return -1.0, -1.0
-        low = c["storage.migrate.threshold.low"]
-        high = c["storage.migrate.threshold.high"]
-        low = t if low is None else low
-        high = t if high is None else high
-        if low > high:
-            raise PafkaError(f"storage.migrate.threshold.low={low} is above "
-                             f"storage.migrate.threshold.high={high}")
-        return low, high
+        (-1, -1) when migration is disabled (:func:`~migration.policy.fill_band`)."""
+        return policy.fill_band(self.store.config)
 
     # -- one run ----------------------------------------------------------------------------
     def plan(self) -> list[Move]:
@@ -282,20 +276,26 @@ class MigrationService:
         throttle = Throttle(self.store.config["storage.migrate.bytes.per.second"])
         threads = self.store.config["storage.migrate.threads"]
 
-        def one(m: Move) -> list[MoveResult]:
-            r, unreadable = self._move(m, throttle)
-            if r is not None:
-                return [r]
-            if not unreadable or len(m.segments) == 1:
-                return []
-            # A merge with an unreadable source: move the sources one by one, so that only
-            # the unreadable one stays behind (and waits out its back-off).
-            singles = (self._move(dataclasses.replace(m, segments=(sid,)), throttle)[0]
-                       for sid in m.segments)
-            return [x for x in singles if x is not None]
+        def run(chain: list[Move]) -> list[MoveResult]:
+            # One move, or a partition's moves to a lake, in order: one failed stops the rest.
+            out: list[MoveResult] = []
+            for m in chain:
+                r, unreadable = self._move(m, throttle)
+                if r is not None:
+                    out.append(r)
+                    continue
+                if unreadable and len(m.segments) > 1:
+                    # A merge with an unreadable source: move the sources one by one, so that
+                    # only the unreadable one stays behind (and waits out its back-off).
+                    singles = (self._move(dataclasses.replace(m, segments=(sid,)), throttle)[0]
+                               for sid in m.segments)
+                    out += [x for x in singles if x is not None]
+                break
+            return out
 
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pafka-migrate") as ex:
-            results = list(ex.map(one, moves))
+            chains = policy.lake_chains(moves, lambda n: self.store.tier(n).is_lake)
+            results = list(ex.map(run, chains))
         done = []
         for rs in results:
             if not rs:

@@ -17,6 +17,7 @@ from tier_store.lake import (
     build_file,
     decode_groups,
     file_rel,
+    decode_timed,
     table_schema,
     write_local,
 )
@@ -53,11 +54,16 @@ def test_a_file_holds_its_offsets_in_row_groups_the_log_can_name(tmp_path):
     # Any one row group reads back alone, from its bytes and the footer only.
     g = f.groups[2]
     footer, parts = fetch(data, f, [g])
-    (batch,) = decode_groups("x", f, footer, parts, SCHEMA)
+    batch = pa.Table.from_batches(decode_groups("x", f, footer, parts, SCHEMA))
     assert batch.schema == SCHEMA
     assert batch.column("key").to_pylist() == list(range(g.base, g.base + g.records))
+    # Batches are cut where the commit time changes, as the log's chunks were.
+    timed = decode_timed("x", f, footer, parts, SCHEMA)
+    assert [(b.num_rows, ts) for b, ts in timed] == \
+        [(500, TS + (g.base + i - 1000) // 500) for i in range(0, g.records, 500)]
     # Only some columns: the others' bytes are not decoded.
-    (only,) = decode_groups("x", f, footer, parts, SCHEMA, columns=["value"])
+    only = pa.Table.from_batches(decode_groups("x", f, footer, parts, SCHEMA,
+                                               columns=["value"]))
     assert only.schema.names == ["value"] and only.num_rows == g.records
 
 
@@ -87,35 +93,38 @@ def test_a_damaged_or_swapped_file_is_corrupt_never_wrong_rows(tmp_path):
         decode_groups("x", lying, ofooter, [(lying.groups[0], oparts[0][1])], SCHEMA)
 
 
-def test_rows_must_follow_each_other_and_lake_columns_are_reserved():
-    with pytest.raises(PafkaError, match="offset 600 came after 500"):
-        build_file(SCHEMA, 0, [*runs(0, 1, 500), *runs(600, 1, 10)])
+def test_rows_go_in_offset_order_a_gap_starts_a_group_and_lake_columns_are_reserved():
+    with pytest.raises(PafkaError, match="offset 400 came after 500"):
+        build_file(SCHEMA, 0, [*runs(0, 1, 500), *runs(400, 1, 10)])
+    # Another writer's segment holds [500, 600): the file's groups each hold a run.
+    f, _ = build_file(SCHEMA, 0, [*runs(0, 1, 500), *runs(600, 1, 10)])
+    assert [(g.base, g.records) for g in f.groups] == [(0, 500), (600, 10)]
+    assert (f.base, f.end) == (0, 610)
     with pytest.raises(PafkaError, match="_offset"):
         table_schema(pa.schema([("_offset", pa.int64())]))
 
 
-def _write_and_add(table, root, partition, base, batches=4, rows=250):
+def _write_and_add(table, root, partition, base, txn, batches=4, rows=250):
     f, data = build_file(SCHEMA, partition, runs(base, batches, rows), group_bytes=8 << 10)
     write_local(os.path.join(table.uri, f.rel), data)
-    return f, table.add(partition, f, TS, TS + batches - 1)
+    return f, table.add(partition, f, TS, TS + batches - 1, txn)
 
 
 def test_demotions_commit_once_each_and_engines_read_the_table(tmp_path):
     from tier_store.lake_table import LakeTable
     table = LakeTable(str(tmp_path / "lake"), "clicks", "a" * 32, SCHEMA)
-    assert table.committed_end(0) == 0
-    f0, v0 = _write_and_add(table, tmp_path, 0, 0)
-    f1, v1 = _write_and_add(table, tmp_path, 1, 0)
-    f2, v2 = _write_and_add(table, tmp_path, 0, 1000)
+    assert table.committed_version(0) == 0 and table.version() == -1
+    f0, v0 = _write_and_add(table, tmp_path, 0, 0, 1)
+    f1, v1 = _write_and_add(table, tmp_path, 1, 0, 1)
+    f2, v2 = _write_and_add(table, tmp_path, 0, 1000, 3)
     assert (v0, v1, v2) == (1, 2, 3)  # version 0 created the table
-    assert table.committed_end(0) == 2000 and table.committed_end(1) == 1000
-    # A retried demotion adds nothing; an overlapping one is refused.
+    assert table.committed_version(0) == 3 and table.committed_version(1) == 1
+    # A demotion the table holds already, or one before it, is refused: no row twice.
     f, data = build_file(SCHEMA, 0, runs(1000, 4, 250), group_bytes=8 << 10)
-    assert table.add(0, f, TS, TS) is None
-    f, data = build_file(SCHEMA, 0, runs(1500, 4, 250), group_bytes=8 << 10)
-    with pytest.raises(PafkaError, match="add some twice"):
-        table.add(0, f, TS, TS)
-    assert deltalake.DeltaTable(table.uri).version() == 3
+    for txn in (2, 3):
+        with pytest.raises(PafkaError, match="would add rows twice"):
+            table.add(0, f, TS, TS, txn)
+    assert deltalake.DeltaTable(table.uri).version() == 3 == table.version()
 
     # delta-rs: every row once, with the lake's columns.
     got = deltalake.DeltaTable(table.uri).to_pyarrow_table()
@@ -138,8 +147,8 @@ def test_demotions_commit_once_each_and_engines_read_the_table(tmp_path):
 def test_a_recreated_topic_gets_a_table_of_its_own(tmp_path):
     from tier_store.lake_table import LakeTable
     old = LakeTable(str(tmp_path / "lake"), "t", "1" * 32, SCHEMA)
-    _write_and_add(old, tmp_path, 0, 0)
+    _write_and_add(old, tmp_path, 0, 0, 1)
     new = LakeTable(str(tmp_path / "lake"), "t", "2" * 32, SCHEMA)
-    assert new.uri != old.uri and new.committed_end(0) == 0
+    assert new.uri != old.uri and new.committed_version(0) == 0
     with pytest.raises(PafkaError, match="no id"):
         LakeTable(str(tmp_path / "lake"), "t", "", SCHEMA)

@@ -18,4 +18,16 @@ def aws_environment() -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-__all__ = ["aws_environment"]
+def delta_storage_options() -> dict[str, str]:
+    """delta-rs's options for an S3 lake: its keys and endpoint from the same variables, and
+    commits by conditional put (an object store without it could lose a commit to a race)."""
+    opts = {"conditional_put": "etag"}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        opts["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["allow_http"] = "true"
+    return opts
+
+
+__all__ = ["aws_environment", "delta_storage_options"]

@@ -261,6 +261,10 @@ class ChunkIndex:
         if len(old):
             at = np.searchsorted(old["base"], repl["base"])
             repl["ts"] = old["ts"][np.clip(at, 0, len(old) - 1)]
+            # A lake row group holds a run of chunks: it was committed with the last of them.
+            ends = np.searchsorted(old["base"], repl["base"] + repl["records"])
+            for i in np.flatnonzero(ends - at > 1):
+                repl["ts"][i] = old["ts"][at[i]:ends[i]].max()
         for s in seqs:
             self._segs.pop(s, None)
         seg = self._segs[seq] = SegmentRows(seq, tier)

@@ -210,6 +210,10 @@ class TierSpec:
     def is_pmem(self) -> bool:
         return self.type == "PMEM"
 
+    @property
+    def is_lake(self) -> bool:
+        return self.type == "LAKE"
+
 
 class StoreConfig:
     """Resolved configuration of one open store (defaults < saved < given)."""
@@ -265,7 +269,16 @@ class StoreConfig:
                 if not self[f"storage.tiers.{n}.paths"]:
                     raise ConfigError(f"storage.tiers.{n}.paths must name the REMOTE tier's "
                                       "fsspec URL, e.g. s3://bucket/pafka")
-            elif not is_url(path):
+            elif t == "LAKE":
+                if n == 1 or n != len(types):
+                    raise ConfigError(f"storage.tiers.types={','.join(types)}: a LAKE tier "
+                                      "holds a topic's oldest data, so it comes last and not "
+                                      "first; e.g. PMEM,HDD,LAKE or FILE,LAKE")
+                if size not in (0, WHOLE_FILESYSTEM):
+                    raise ConfigError(f"storage.tiers.{n}.sizes={size}: a LAKE tier has no "
+                                      "capacity to set (it keeps what retention keeps)")
+                size = 0
+            if t != "REMOTE" and not is_url(path):
                 path = os.path.abspath(path)
             specs.append(TierSpec(n, t, path, int(size)))
         # A key naming a tier the layout does not have would be silently ignored: say so.

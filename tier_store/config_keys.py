@@ -23,7 +23,7 @@ GiB = 1024 * MiB
 _SIZE_RE = re.compile(r"^\s*(-?\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
 
-TIER_TYPES = ("PMEM", "NVME", "SSD", "HDD", "FILE", "REMOTE")
+TIER_TYPES = ("PMEM", "NVME", "SSD", "HDD", "FILE", "REMOTE", "LAKE")
 CHANNEL_TYPES = ("file", "pmem", "tiered")
 COMPRESSION_TYPES = ("none", "lz4", "zstd")
 
@@ -62,7 +62,7 @@ class ConfigKey:
         elif self.kind == "list":
             text = "a comma-separated list of " + ", ".join(self.choices)
         elif self.kind == "path":
-            text = "a directory path (a REMOTE tier: an fsspec URL), without commas"
+            text = "a directory path (a REMOTE or LAKE tier: an fsspec URL), without commas"
         elif self.kind == "json":
             text = "a JSON object"
         elif self.kind == "float" and self.minimum is not None and self.maximum is not None:
@@ -187,9 +187,10 @@ KEYS: dict[str, ConfigKey] = {
                   "implies tiered; a list contradicting log.channel.type=file or pmem is an "
                   "error). PMEM "
                   "tiers are written through a memory mapping with libpmem; REMOTE tiers (an "
-                  "fsspec URL) hold sealed segments only; the others are written with write + "
-                  "fsync.",
-                  choices=TIER_TYPES, note="the first not REMOTE"),
+                  "fsspec URL) hold sealed segments only; a LAKE tier (last; a directory or URL) "
+                  "holds the oldest segments as a Delta Lake table; the others are written "
+                  "with write + fsync.",
+                  choices=TIER_TYPES, note="the first not REMOTE or LAKE; LAKE only last"),
         ConfigKey("storage.tiers.first.paths", "path", "",
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
         ConfigKey("storage.tiers.first.sizes", "size", -1,

@@ -118,6 +118,10 @@ class Entry:
                 **_to_disk({f.name: getattr(self, f.name) for f in fields(self)})}
         if "chunks" in body:
             body["chunks"] = [chunk_json(c) for c in self.chunks]  # type: ignore[attr-defined]
+        if "lake" in body:  # left out unless set: other moves stay as they were
+            lake = body.pop("lake")
+            if lake is not None:
+                body["lake"] = lake._asdict()
         return signed(json.dumps(body, separators=(",", ":")).encode(), version, topic_id)
 
 
@@ -166,6 +170,19 @@ class ConfigEntry(Entry):
     config: dict[str, Any]
 
 
+class LakeRecord(NamedTuple):
+    """A segment demoted to a lake tier: its Parquet file's size, the byte range and xxh3-64
+    of the file's footer, and the version of the Delta table that added it. The file's path
+    follows from the partition and offsets (:func:`tier_store.lake.file_rel`); its row groups
+    are the segment's chunks."""
+
+    size: int
+    footer_pos: int
+    footer_length: int
+    footer_checksum: int
+    version: int
+
+
 @dataclass(frozen=True)
 class MoveEntry(Entry):
     """Sealed segments ``sources`` now live as segment ``seq`` of ``p`` on ``tier``."""
@@ -176,6 +193,20 @@ class MoveEntry(Entry):
     seq: int
     tier: int
     chunks: tuple[ChunkRecord, ...]  # the chunks' new positions
+    lake: LakeRecord | None = None  # set when ``tier`` is a lake
+
+
+def lake_record(v: Any) -> LakeRecord:
+    """A lake record from its JSON (an object of its five integer fields), checked."""
+    if not isinstance(v, dict) or set(v) != set(LakeRecord._fields):
+        raise ValueError(f"lake is {v!r}, not an object of {', '.join(LakeRecord._fields)}")
+    r = LakeRecord(**v)
+    for name, x in zip(LakeRecord._fields, r, strict=True):
+        _int(f"lake {name}", x, 0, 2**64 if name == "footer_checksum" else INT64)
+    if r.footer_length < 12 or r.footer_pos + r.footer_length != r.size:
+        raise ValueError(f"lake footer [{r.footer_pos}, +{r.footer_length}) does not end "
+                         f"the file of {r.size} bytes")
+    return r
 
 
 KINDS: dict[str, type[Entry]] = {
@@ -226,6 +257,8 @@ def decode(data: bytes, where: str, version: int, topic_id: str) -> Entry:
             if not isinstance(body["chunks"], list):
                 raise TypeError(f"chunks is {body['chunks']!r}, not a list")
             body["chunks"] = tuple(_chunk(c) for c in body["chunks"])
+        if "lake" in body:
+            body["lake"] = lake_record(body["lake"])
         for name in ("segments", "sources"):
             if name in body:
                 if not isinstance(body[name], list):
@@ -355,3 +388,10 @@ def _check_fields(e: Entry) -> None:
             _int("a source", q)
         for c in e.chunks:
             check_chunk(c)
+        if e.lake is not None:
+            if not e.chunks:
+                raise ValueError("a move to a lake names no row group")
+            if any(c.tier != e.tier or c.seq != e.seq or c.pos + c.length > e.lake.footer_pos
+                   for c in e.chunks):
+                raise ValueError("a row group of the lake file lies outside it or is named "
+                                 "for another segment")

@@ -18,9 +18,9 @@ row groups it needs, checks both against the log before Parquet sees a byte, and
 :class:`CorruptSegment`, never a wrong row.
 
 Exactly once: a demotion is one Delta commit carrying an application transaction (Delta's
-``txn``) with app id ``pafka-<topic id>-<partition>`` and version the file's end offset.
-Demotions of a partition go in offset order, so that version says how far the table holds
-the partition. A retry first reads it: a file the table holds already is not added again.
+``txn``) with app id ``pafka-<topic id>-<partition>`` and version the last demoted segment's
+sequence + 1 (:mod:`tier_store.lake_table`). A retry first reads it: rows the table holds
+already are not added again.
 """
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ def build_file(schema: pa.Schema, partition: int,
                runs: Iterable[tuple[pa.RecordBatch, int, int]],
                group_bytes: int = GROUP_BYTES, compression: str = "zstd"
                ) -> tuple[LakeFile, pa.Buffer]:
-    """The lake file of ``runs`` (``(batch, first offset, commit time ms)`` in offset order,
-    with no gap): its record and its bytes. Row groups end at a batch's end once they hold
-    ``group_bytes``."""
+    """The lake file of ``runs`` (``(batch, first offset, commit time ms)`` in offset order):
+    its record and its bytes. Row groups end at a batch's end once they hold ``group_bytes``,
+    and at a gap in the offsets (another writer's segment holds those): each holds a run."""
     fschema = _file_schema(schema)
     sink = pa.BufferOutputStream()
     spans: list[tuple[int, int, int]] = []  # per row group: base, records, latest commit time
@@ -135,11 +135,13 @@ def build_file(schema: pa.Schema, partition: int,
                 pending, pending_bytes = [], 0
 
         for batch, base, ts in runs:
-            if nxt >= 0 and base != nxt:
-                raise PafkaError(f"partition {partition}: a lake file's rows must follow each "
-                                 f"other; offset {base} came after {nxt}")
+            if nxt >= 0 and base < nxt:
+                raise PafkaError(f"partition {partition}: a lake file's rows go in offset "
+                                 f"order; offset {base} came after {nxt}")
             if not batch.num_rows:
                 continue
+            if base != nxt:
+                flush()
             if not pending:
                 group_base, group_ts = base, ts
             n = batch.num_rows
@@ -227,6 +229,14 @@ def decode_groups(where: str, f: LakeFile, footer: pa.Buffer,
     """The topic's batches (``schema``; only ``columns`` if given) of ``groups`` of file
     ``f`` at ``where``, from their fetched bytes: each checked against its checksum first,
     then its ``_offset`` column against its offsets. :class:`CorruptSegment` otherwise."""
+    return [b for b, _ in decode_timed(where, f, footer, groups, schema, columns)]
+
+
+def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
+                 groups: Sequence[tuple[LakeGroup, pa.Buffer]], schema: pa.Schema,
+                 columns: Sequence[str] | None = None) -> list[tuple[pa.RecordBatch, int]]:
+    """:func:`decode_groups`, each batch with its rows' commit time (ms): batches are cut
+    where the ``_timestamp`` column changes, as the log's chunks were."""
     if footer.size != f.footer_length or checksum(footer) != f.footer_checksum:
         raise CorruptSegment(f"{where}: the file's footer does not match its checksum")
     for g, data in groups:
@@ -240,7 +250,7 @@ def decode_groups(where: str, f: LakeFile, footer: pa.Buffer,
                             page_checksum_verification=True)
         index = {(meta.row_group(i).num_rows, _group_range(meta.row_group(i))[0]): i
                  for i in range(meta.num_row_groups)}
-        want = None if columns is None else [*columns, OFFSET]
+        want = None if columns is None else [*columns, OFFSET, TIMESTAMP]
         out = []
         for g, _ in groups:
             i = index.get((g.records, g.pos))
@@ -254,8 +264,11 @@ def decode_groups(where: str, f: LakeFile, footer: pa.Buffer,
                 raise CorruptSegment(f"{where}: the row group at byte {g.pos} does not hold "
                                      f"offsets [{g.base}, {g.base + g.records})")
             keep = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+            times = table.column(TIMESTAMP).cast(pa.int64()).to_numpy()
             table = table.select(keep.names).cast(keep)
-            out.extend(table.to_batches())
+            cuts = [0, *(np.flatnonzero(np.diff(times)) + 1).tolist(), len(times)]
+            for a, b in zip(cuts, cuts[1:], strict=False):
+                out.extend((x, int(times[a])) for x in table.slice(a, b - a).to_batches())
         return out
     except CorruptSegment:
         raise
@@ -285,4 +298,4 @@ def write_local(path: str, data: pa.Buffer) -> None:
 
 
 __all__ = ["GROUP_BYTES", "LAKE_COLUMNS", "LakeFile", "LakeGroup", "add_stats", "build_file",
-           "decode_groups", "file_rel", "table_name", "table_schema", "write_local"]
+           "decode_groups", "decode_timed", "file_rel", "table_name", "table_schema", "write_local"]

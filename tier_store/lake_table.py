@@ -2,9 +2,11 @@
 
 pafka writes the table's files itself (:mod:`tier_store.lake`) and commits them with one add
 action each. Each commit carries an application transaction: app id
-``pafka-<topic id>-<partition>``, version the end offset of the file added. delta-rs does not
-refuse a version that is not higher than the last, so :meth:`LakeTable.add` checks it on the
-snapshot it commits from: a file the table holds already is never added again. A commit
+``pafka-<topic id>-<partition>``, version the last demoted segment's sequence + 1 (segments
+of a partition are demoted in sequence order; offsets may interleave between segments when
+several processes write, sequences do not). delta-rs does not refuse a version that is not
+higher than the last, so :meth:`LakeTable.add` checks it on the snapshot it commits from:
+rows the table holds already are never added again. A commit
 racing another of the same app id fails in delta-rs's conflict check (both read the same
 snapshot); one committer per partition is the rule (the migration service's topic lock), the
 check its backstop.
@@ -66,30 +68,32 @@ class LakeTable:
             configuration={"delta.dataSkippingStatsColumns": "_offset,_timestamp"},
             storage_options=self.storage_options)
 
-    def committed_end(self, partition: int) -> int:
-        """How far the table holds ``partition``: the end offset of its last file added by
-        pafka; 0 if none (or no table yet)."""
+    def committed_version(self, partition: int) -> int:
+        """The transaction version of ``partition``'s last demotion (its last segment's
+        sequence + 1); 0 if none (or no table yet)."""
         dt = self._open()
         if dt is None:
             return 0
         return dt.transaction_version(app_id(self.topic_id, partition)) or 0
 
-    def add(self, partition: int, f: LakeFile, min_ts: int, max_ts: int) -> int | None:
-        """Commit file ``f`` (written already) of ``partition``; returns the table version
-        that added it, or None if the table holds it already (a retried demotion).
-        A file that would leave a gap or overlap what the table holds is an error."""
+    def version(self) -> int:
+        """The table's latest version (-1: no table yet)."""
+        dt = self._open()
+        return -1 if dt is None else int(dt.version())
+
+    def add(self, partition: int, f: LakeFile, min_ts: int, max_ts: int, txn: int) -> int:
+        """Commit file ``f`` (written already) of ``partition`` as its demotion ``txn``;
+        returns the table version that added it. A ``txn`` not past the partition's last is
+        refused: the table holds that run already."""
         dl = _deltalake()
         from deltalake.transaction import AddAction, CommitProperties, Transaction
         dt = self._open(create=True)
         app = app_id(self.topic_id, partition)
         done = dt.transaction_version(app) or 0
-        if done >= f.end:
-            log.info("%s already holds offsets [%d, %d) of partition %d", self, f.base, f.end,
-                     partition)
-            return None
-        if done > f.base:
-            raise PafkaError(f"{self}: partition {partition} is held up to offset {done}; a "
-                             f"file of offsets [{f.base}, {f.end}) would add some twice")
+        if done >= txn:
+            raise PafkaError(f"{self}: partition {partition}'s demotions reached {done}; "
+                             f"demotion {txn} (offsets [{f.base}, {f.end})) would add rows "
+                             "twice")
         before = dt.version()
         action = AddAction(f.rel, f.size, {PARTITION: str(partition)}, int(time.time() * 1000),
                            True, add_stats(f, min_ts, max_ts))
@@ -97,11 +101,11 @@ class LakeTable:
             dt.create_write_transaction(
                 [action], mode="append", schema=self.schema, partition_by=[PARTITION],
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(app, f.end)], max_commit_retries=0))
+                    app_transactions=[Transaction(app, txn)], max_commit_retries=0))
         except dl.exceptions.CommitFailedError as e:
             raise PafkaError(f"{self}: another commit of partition {partition} landed first "
                              f"({e}); the demotion is tried again later") from None
-        return self._version_of(app, f.end, before)
+        return self._version_of(app, txn, before)
 
     def _version_of(self, app: str, end: int, after: int) -> int:
         """The version after ``after`` whose commit carries transaction (``app``, ``end``)."""

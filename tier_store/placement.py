@@ -109,7 +109,7 @@ class Placement:
         used: dict[int, int] | None = None
         counted = False  # whether ``used`` was counted by this call
         for t in self.tiers:
-            if t.is_remote or self._out_of_space(t, need):
+            if t.is_remote or t.is_lake or self._out_of_space(t, need):
                 continue
             if _counts_usage(t):
                 if used is None:
@@ -173,7 +173,10 @@ class Placement:
         pool = t.free_pool_files()
         if pool is not None:
             line += f", {pool} free pool files"
-        if t.is_remote:
+        if t.is_lake:
+            line = (f"tier {t.number} (LAKE, {t.path}): a Delta table per topic (takes sealed "
+                    "segments from the migration service only)")
+        elif t.is_remote:
             line += ", remote (takes sealed segments from the migration service only)"
         elif t.number in self._no_space:
             line += f", its filesystem is full ({t.free_bytes()} bytes free)"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -47,6 +47,18 @@ class PlannedChunk:
     checksum: int
     elsewhere: tuple[tuple[str, int], ...] = ()
     host: str | None = None
+    lake: LakePart | None = None  # a row group of a lake file, not a chunk of a segment
+
+
+class LakePart(NamedTuple):
+    """What a read of a lake file's row group needs besides its range: the file's size, its
+    footer's range and xxh3-64 (checked before Parquet sees it), and the topic's schema."""
+
+    size: int
+    footer_pos: int
+    footer_length: int
+    footer_checksum: int
+    schema: pa.Schema
 
 
 _LOCAL, _REMOTE = ("local_chunks", "local_bytes"), ("remote_chunks", "remote_bytes")
@@ -222,7 +234,8 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     reach: dict[str, int] = {}
     hosted = False
     for c in plan.chunks:
-        reach[c.path] = c.pos + c.length
+        if c.lake is None:
+            reach[c.path] = c.pos + c.length
         hosted = hosted or c.host is not None
     local_paths = {path for path in reach if not is_url(path)} if reach else set()
     if local_paths:
@@ -235,7 +248,11 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     # reused while we read it; a small read copies the plan's bytes of a file not mapped.
     mapped: tuple[str, pa.Buffer, int] | None = None
     here = host_id() if hosted else None
+    footers: dict[str, pa.Buffer] = {}  # per lake file read: its footer, fetched once
     for c in plan.chunks:
+        if c.lake is not None:
+            at_offset = yield from _read_lake(plan, c, footers, at_offset, skip_corrupt)
+            continue
         stale: str | None = None  # why the plan may no longer describe this chunk
         local = not is_url(c.path)
         try:
@@ -315,6 +332,45 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
                 out = batch if (lo, hi) == (b0, b1) else batch.slice(lo - b0, hi - lo)
                 yield PlannedBatch(out, lo, c.timestamp)
                 at_offset = hi
+
+
+def _read_lake(plan: ReadPlan, c: PlannedChunk, footers: dict[str, pa.Buffer], at_offset: int,
+               skip_corrupt: SkipCorrupt | None) -> Generator[PlannedBatch, None, int]:
+    """Yield the plan's records in lake row group ``c``, checked as
+    :func:`tier_store.lake.decode_groups` does (always: a lake read is never unverified);
+    returns the offset reading goes on from. A lake file never moves: a missing one is
+    :class:`DataLoss` at once."""
+    from .lake import LakeFile, LakeGroup, decode_timed
+    lake = c.lake
+    assert lake is not None
+    where = (f"topic {plan.topic!r} partition {plan.partition}: offsets [{c.base}, "
+             f"{c.base + c.records}) in {c.path}")
+    try:
+        footer = footers.get(c.path)
+        if footer is None:
+            footer = footers[c.path] = read_range(c.path, lake.footer_pos, lake.footer_length)
+        group = LakeGroup(c.pos, c.length, c.base, c.records, c.checksum, c.timestamp)
+        f = LakeFile("", lake.size, lake.footer_pos, lake.footer_length, lake.footer_checksum,
+                     (group,))
+        timed = decode_timed(where, f, footer, [(group, read_range(c.path, c.pos, c.length))],
+                             lake.schema)
+    except FileNotFoundError:
+        raise DataLoss(f"{where}, which is missing from the lake table") from None
+    except CorruptSegment as e:
+        if skip_corrupt is None:
+            raise
+        return _skip(plan, c, e, skip_corrupt)
+    READS.add(not is_url(c.path), c.length)
+    row = c.base
+    for batch, ts in timed:
+        b0, b1 = row, row + batch.num_rows
+        row = b1
+        lo, hi = max(plan.start, b0), min(plan.end, b1)
+        if lo < hi:
+            yield PlannedBatch(batch if (lo, hi) == (b0, b1) else batch.slice(lo - b0, hi - lo),
+                               lo, ts)
+            at_offset = hi
+    return at_offset
 
 
 def _skip(plan: ReadPlan, c: PlannedChunk, error: CorruptSegment, tell: SkipCorrupt) -> int:

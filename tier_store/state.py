@@ -48,10 +48,12 @@ from .entries import (
     CreateEntry,
     DeleteEntry,
     Entry,
+    LakeRecord,
     MoveEntry,
     PartitionsEntry,
     PositionEntry,
     checked_schema,
+    lake_record,
     schema_to_text,
 )
 from .errors import CorruptLog
@@ -77,6 +79,7 @@ class SegmentState:
     last_ts: int
     # The host that wrote it, on a store shared by many hosts: its copy there is a cache.
     host: str | None = None
+    lake: LakeRecord | None = None  # its Parquet file, when on a lake tier
 
     @property
     def id(self) -> str:
@@ -254,7 +257,8 @@ class TopicState:
             e.partition, e.seq, e.tier, min(o.base for o in olds if o),
             max(o.end for o in olds if o), sum(c.records for c in e.chunks),
             sum(c.length for c in e.chunks), max((c.pos + c.length for c in e.chunks), default=0),
-            len(e.chunks), min(o.first_ts for o in olds if o), max(o.last_ts for o in olds if o))
+            len(e.chunks), min(o.first_ts for o in olds if o), max(o.last_ts for o in olds if o),
+            lake=e.lake)
         self._add_segment(new)
         self.tombstones.pop(f"{new.id}@{new.tier}", None)
 
@@ -280,7 +284,8 @@ class TopicState:
             segments.append(d)
         loose = [q.chunks.loose_rows() for q in self.parts]
         meta = {
-            "format": 3,
+            # 4 only when a segment is in a lake: other stores stay readable by 3's readers.
+            "format": 4 if any(s.lake is not None for s in self.segments.values()) else 3,
             "name": self.name, "version": self.version,
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "partitions": self.partitions, "config": self.config,
@@ -319,6 +324,8 @@ class TopicState:
             for s in meta["segments"]:
                 s = dict(s)
                 pieces = [PieceRef.from_json(r, where) for r in s.pop("pieces", [])]
+                if "lake" in s:
+                    s["lake"] = lake_record(s["lake"])
                 segs.append(SegmentState(**s))
                 rows_of[segs[-1].partition].append(SegmentRows(s["seq"], s["tier"], pieces))
             at = 0
@@ -353,6 +360,10 @@ def _segment_json(s: SegmentState) -> dict[str, Any]:
     d = asdict(s)
     if d["host"] is None:
         del d["host"]
+    if s.lake is None:
+        del d["lake"]
+    else:
+        d["lake"] = s.lake._asdict()
     return d
 
 

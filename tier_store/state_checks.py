@@ -27,11 +27,14 @@ from .entries import (
     MoveEntry,
     PartitionsEntry,
     PositionEntry,
+    lake_record,
 )
 from .errors import ConfigError, CorruptLog
 from .ids import SegmentId, check_host
 from .index_pieces import PieceRef
 from .segment import HEADER_SIZE
+
+LAKE_FIRST_POS = 4  # a Parquet file's first row group follows its magic "PAR1"
 
 if TYPE_CHECKING:
     from .state import TopicState
@@ -112,17 +115,37 @@ def _move_problem(st: TopicState, e: MoveEntry) -> str | None:
         return f"moves segment {e.partition}-{missing[0]}, which the log does not hold"
     if e.seq in part.segments and e.seq not in e.sources:
         return f"moves segments onto segment {e.partition}-{e.seq}, which holds others"
+    # A lake file's row groups start after its 4-byte magic, a segment's chunks after its
+    # header.
+    first = LAKE_FIRST_POS if e.lake is not None else HEADER_SIZE
     for c in e.chunks:
-        if (c.partition, c.seq, c.tier) != (e.partition, e.seq, e.tier) or c.pos < HEADER_SIZE:
+        if (c.partition, c.seq, c.tier) != (e.partition, e.seq, e.tier) or c.pos < first:
             return (f"names a chunk of segment {c.partition}-{c.seq} on tier {c.tier} at byte "
                     f"{c.pos}, not in segment {e.partition}-{e.seq} on tier {e.tier}")
     # The sources' rows only (their pieces are read, and kept for the move's replay).
     olds = [part.chunks.segment_rows(q) for q in e.sources]
     kept = sorted(pair for rows in olds
                   for pair in zip(rows["base"].tolist(), rows["records"].tolist(), strict=True))
-    if sorted((c.base, c.records) for c in e.chunks) != kept:
+    new = sorted((c.base, c.records) for c in e.chunks)
+    if new != kept and (e.lake is None or not _groups_cover(new, kept)):
         return "does not keep the offsets of the segments it moves"
     return None
+
+
+def _groups_cover(groups: list[tuple[int, int]], chunks: list[tuple[int, int]]) -> bool:
+    """Whether row groups ``groups`` hold exactly the offsets of ``chunks`` (both (base,
+    records), in order), each group a run of whole chunks."""
+    i = 0
+    for base, records in groups:
+        if i >= len(chunks) or chunks[i][0] != base:
+            return False
+        at = base
+        while i < len(chunks) and chunks[i][0] == at and at < base + records:
+            at += chunks[i][1]
+            i += 1
+        if at != base + records:
+            return False
+    return i == len(chunks)
 
 
 # -- checkpoints ----------------------------------------------------------------------------
@@ -148,8 +171,8 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     that says it is not ``version`` of ``topic``; ``columns``: the chunk columns it needs."""
     _typed("the state", meta, dict)
     fmt = meta.get("format", 1)
-    if fmt not in (1, 2, 3) or isinstance(fmt, bool):
-        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 to 3")
+    if fmt not in (1, 2, 3, 4) or isinstance(fmt, bool):
+        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 to 4")
     if _typed("name", meta["name"], str) != topic and topic is not None:
         raise ValueError(f"it is the checkpoint of topic {meta['name']!r}, not {topic!r}")
     if _int("version", meta["version"], 0) != version and version is not None:
@@ -181,11 +204,16 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     fields = sorted(_SEGMENT_FIELDS + (("pieces",) if fmt >= 2 else ()))
     in_pieces = [0] * n
     for s in _typed("segments", meta["segments"], list):
-        if not isinstance(s, dict) or sorted(set(s) - {"host"}) != fields:
+        if not isinstance(s, dict) or sorted(set(s) - {"host", "lake"}) != fields:
             raise ValueError(f"a segment is {s!r}, not an object of {', '.join(fields)}"
-                             " (and host)")
+                             " (and host, lake)")
         if "host" in s:
             check_host(s["host"], "a segment's host")
+        if "lake" in s:
+            if fmt < 4:
+                raise ValueError(f"segment {s['partition']}-{s['seq']} names a lake file in a "
+                                 f"checkpoint of format {fmt}")
+            lake_record(s["lake"])
         for k in _SEGMENT_FIELDS:
             _int(f"a segment's {k}", s[k])
         _int("a segment's partition", s["partition"], 0, n)
@@ -243,9 +271,10 @@ def _check_segments_cover(segments: list[dict[str, Any]], lists: list[list[int]]
 
 
 def row_problems(rows: np.ndarray) -> np.ndarray:
-    """Per chunk row: whether it names a place before the segment header or holds no
-    bytes (the overlap of neighbours is :func:`check_chunk_rows`'s)."""
-    return (rows["seq"] < 0) | (rows["pos"] < HEADER_SIZE) | (rows["length"] <= 0) | \
+    """Per chunk row: whether it names a place before any chunk can lie (a lake file's first
+    row group, after its magic; the move entry that put it there checked the segment's
+    header) or holds no bytes (the overlap of neighbours is :func:`check_chunk_rows`'s)."""
+    return (rows["seq"] < 0) | (rows["pos"] < LAKE_FIRST_POS) | (rows["length"] <= 0) | \
         (rows["base"] < 0) | (rows["records"] < 1) | (rows["pos"] > INT64 - 1 - rows["length"])
 
 

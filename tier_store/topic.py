@@ -29,7 +29,7 @@ from . import dropped, positions, sharing, views
 from .chunk import EncodedChunk
 from .commit_log import CommitLog
 from .conflicts import Requirement
-from .entries import ChunkRecord, DeleteEntry, MoveEntry, PartitionsEntry
+from .entries import ChunkRecord, DeleteEntry, LakeRecord, MoveEntry, PartitionsEntry
 from .errors import InvalidArgument
 from .flusher import Flusher
 from .follow import follow
@@ -268,14 +268,14 @@ class Topic(positions.GroupPositions):
 
     # -- maintenance primitives -----------------------------------------------------------
     def replace_segments(self, partition: int, sources: Sequence[int], seq: int, tier: int,
-                         chunks: Sequence[ChunkRecord],
-                         requirements: Sequence[Requirement] = (),
-                         read_from: Iterable[int] = ()) -> MoveEntry:
+                         chunks: Sequence[ChunkRecord], requirements: Sequence[Requirement] = (),
+                         read_from: Iterable[int] = (), lake: LakeRecord | None = None
+                         ) -> MoveEntry:
         """Publish a ``move`` entry: sealed segments ``sources`` of ``partition`` become
-        segment ``seq`` on ``tier``, holding ``chunks``; checked and fenced as
-        :meth:`~tier_store.topic_log.TopicLog.replace_segments` says."""
+        segment ``seq`` on ``tier``, holding ``chunks`` (in ``lake``'s file, on a lake);
+        checked and fenced as :meth:`~tier_store.topic_log.TopicLog.replace_segments` says."""
         return self.log.replace_segments(partition, sources, seq, tier, chunks, requirements,
-                                         read_from)
+                                         read_from, lake)
 
     def delete_segments(self, ids: Sequence[str], reason: str = "retention",
                         requirements: Sequence[Requirement] = ()) -> DeleteEntry:

@@ -28,7 +28,15 @@ from .conflicts import (
     unseen_chunks,
     validate_all,
 )
-from .entries import AppendEntry, ChunkRecord, DeleteEntry, Entry, MoveEntry, check_chunk
+from .entries import (
+    AppendEntry,
+    ChunkRecord,
+    DeleteEntry,
+    Entry,
+    LakeRecord,
+    MoveEntry,
+    check_chunk,
+)
 from .errors import CommitConflict, InvalidArgument
 from .layout import segment_id
 from .records import AppendResult, ChunkRef
@@ -191,7 +199,8 @@ class TopicLog:
     def replace_segments(self, partition: int, sources: Sequence[int], seq: int, tier: int,
                          chunks: Sequence[ChunkRecord],
                          requirements: Sequence[Requirement] = (),
-                         read_from: Iterable[int] = ()) -> MoveEntry:
+                         read_from: Iterable[int] = (), lake: LakeRecord | None = None
+                         ) -> MoveEntry:
         """Publish a ``move`` entry: the sealed segments ``sources`` (sequence numbers) of
         ``partition`` are replaced by segment ``seq`` on tier ``tier``, which holds
         ``chunks`` at their new positions. The sources must be committed and every one of
@@ -200,7 +209,8 @@ class TopicLog:
         one that breaks one raises :class:`CommitConflict`. Refused
         (:class:`TierRelocated`) if ``tier`` or a tier of ``read_from`` (where the chunks
         were read) was relocated since the store was opened. The sources' files become
-        tombstones, released after ``log.cleanup.grace.ms``."""
+        tombstones, released after ``log.cleanup.grace.ms``. ``lake``: the Parquet file
+        ``chunks`` (its row groups) are in, on a lake tier."""
         if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
             raise InvalidArgument(f"partition must be a non-negative integer, got "
                                   f"{partition!r}")
@@ -218,7 +228,7 @@ class TopicLog:
         committed = SegmentsCommitted(self.name, tuple(segment_id(partition, q) for q in seqs))
 
         def build(st: TopicState) -> MoveEntry:
-            return MoveEntry(max(st.last_ts, now_ms()), partition, seqs, seq, tier, moved)
+            return MoveEntry(max(st.last_ts, now_ms()), partition, seqs, seq, tier, moved, lake)
 
         fence = {(n, self.host.relocation(n)) for n in {tier, *read_from}}
         entry = self.publish_checked([committed, *requirements], build, fence)

@@ -16,7 +16,7 @@ from .errors import DataLoss
 from .ids import bundle_text
 from .layout import SEGMENT_SUFFIX, topic_dir
 from .partition import is_settled
-from .reading import PlannedChunk, ReadPlan
+from .reading import LakePart, PlannedChunk, ReadPlan
 from .records import SegmentInfo
 from .state import PartitionState, SegmentState, TopicState
 from .tiers import Tier, space
@@ -50,7 +50,12 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
         path = paths.get(seq)
         if path is None:
             path = paths[seq] = path_of(p, seq, segs[seq].tier)
-        if opos < 0 or bundle_url is None:
+        lake = segs[seq].lake
+        if lake is not None:  # a row group of the segment's Parquet file
+            chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc, lake=LakePart(
+                lake.size, lake.footer_pos, lake.footer_length, lake.footer_checksum,
+                st.schema)))
+        elif opos < 0 or bundle_url is None:
             chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc))
         else:
             chunks.append(PlannedChunk(path, pos, length, base, n, ts, crc,
@@ -68,6 +73,10 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
     dirs: dict[int, str] = {}  # per tier, the topic's directory: joined once
 
     def path_of(p: int, seq: int, tier: int) -> str:
+        t = store.tier(tier)
+        if t.is_lake:
+            seg = st.part(p).segments[seq]
+            return t.file_path(topic, st.topic_id, p, seg.base, seg.end)  # type: ignore[attr-defined]
         where = dirs.get(tier)
         if where is None:
             where = dirs[tier] = topic_dir(store.tier(tier).path, topic)

@@ -42,7 +42,7 @@ from ..ids import bundle_text, host_id
 from ..reading import read_range
 
 if TYPE_CHECKING:
-    from ..state import TopicState
+    from ..state import SegmentState, TopicState
     from ..store import Store
     from ..topic import Topic
 
@@ -99,6 +99,9 @@ def check_topic(topic: Topic, verify: bool = True,
         path = tier.segment_path(topic.name, seg.partition, seg.seq)
         rows = st.part(seg.partition).chunks.rows()
         mine = rows[rows["seq"] == seg.seq]
+        if tier.is_lake:
+            _check_lake(topic, st, seg, mine, verify, report, progress)
+            continue
         if shared is not None and len(mine) and bool((mine["opos"] >= 0).all()):
             _check_shared(topic, seg.id, mine, verify, report, progress)
             if seg.host != here or not tier.local or not _present(tier, path):
@@ -140,6 +143,45 @@ def check_topic(topic: Topic, verify: bool = True,
             if progress is not None:
                 progress(length)
     return report
+
+
+def _check_lake(topic: Topic, st: TopicState, seg: SegmentState, rows: Any, verify: bool,
+                report: CheckReport, progress: Callable[[int], None] | None) -> None:
+    """A lake segment: its Parquet file is there, of the size the log names; with ``verify``
+    its footer and each row group match their checksums and hold their offsets."""
+    from ..lake import LakeFile, LakeGroup, decode_groups
+    tier, lake = topic.store.tier(seg.tier), seg.lake
+    path = tier.file_path(topic.name, st.topic_id, seg.partition, seg.base, seg.end)
+    try:
+        size = tier.file_size(path)
+    except FileNotFoundError:
+        report.problems.append(f"segment {seg.id} (offsets [{seg.base}, {seg.end})): lake "
+                               f"file {path} is missing")
+        return
+    except CorruptSegment as e:
+        report.problems.append(str(e))
+        return
+    if lake is None or size != lake.size:
+        report.problems.append(f"{path}: {size} bytes, the log names "
+                               f"{lake.size if lake else 'no lake file'}")
+        return
+    report.chunks += len(rows)
+    if not verify or st.schema is None:
+        return
+    footer = tier.read_range(path, lake.footer_pos, lake.footer_length)
+    for r in rows:
+        g = LakeGroup(int(r["pos"]), int(r["length"]), int(r["base"]), int(r["records"]),
+                      int(r["checksum"]), int(r["ts"]))
+        f = LakeFile("", lake.size, lake.footer_pos, lake.footer_length, lake.footer_checksum,
+                     (g,))
+        try:
+            decode_groups(path, f, footer, [(g, tier.read_range(path, g.pos, g.length))],
+                          st.schema)
+        except CorruptSegment as e:
+            report.problems.append(str(e))
+        report.bytes_verified += g.length
+        if progress is not None:
+            progress(g.length)
 
 
 def _check_records(buf: Any, records: int, what: str, report: CheckReport) -> None:

@@ -89,6 +89,8 @@ def delete_topic(store: DeletionHost, name: str) -> int:
     topic = store.topic(name)  # TopicNotFound listing the topics
     grave = f"{name}.{topic.id or uuid.uuid4().hex}"
     for tier in store.tiers:
+        if tier.is_lake:
+            continue  # the table stays: its rows outlive the topic unless purged on purpose
         if not tier.local:
             store.claim_remote(tier)
             tier.delete_topic(name)
@@ -111,7 +113,7 @@ def reclaim_deleted(store: DeletionHost) -> int:
     store.files.reclaim_deleted()
     pinned = 0
     for tier in store.tiers:
-        if not tier.local:
+        if not tier.local or tier.is_lake:  # a lake's directories are tables, not topics
             continue
         tgraves = os.path.join(tier.path, DELETED_DIR)
         _bury_strays(store, tier.path, tgraves)

@@ -159,6 +159,8 @@ def collect_garbage(topic: Topic, now: float | None = None,
     st = topic.state()
     reclaimed = 0
     for tier in store.tiers if tiers is None else tiers:
+        if tier.is_lake:  # the table keeps what the log drops
+            continue
         try:
             store.claim_remote(tier)
         except ConfigError as e:

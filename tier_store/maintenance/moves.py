@@ -70,6 +70,7 @@ from ..segment import HEADER_SIZE, align
 from ..state import SegmentState, TopicState
 from .adopt import adopt_local, adopt_remote, layout
 from .copy import discard_own, place_local, upload
+from .demote import demote_and_publish
 from .garbage import release_file
 
 if TYPE_CHECKING:
@@ -219,6 +220,10 @@ def _check_movable(topic: Topic, plan: _Plan, tier_number: int, final: str,
                    grace_s: float) -> None:
     """:class:`SegmentNotMovable` unless the planned sources can move to ``final``."""
     segs, rows = plan.segs, plan.rows
+    lake = next((s for s in segs if topic.store.tier(s.tier).is_lake), None)
+    if lake is not None:
+        raise SegmentNotMovable(f"segment {lake.id} of topic {topic.name!r} is in the lake "
+                                f"(tier {lake.tier}): nothing moves out of it")
     if len(segs) == 1 and segs[0].tier == tier_number:
         raise SegmentNotMovable(f"segment {segs[0].id} of topic {topic.name!r} is already on "
                                 f"tier {tier_number}")
@@ -262,6 +267,11 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         final = target.segment_path(topic.name, p, seq)
         _check_movable(topic, plan, tier_number, final, grace_s)
         # The layout's end: each chunk aligned but the last, as a writer fills a file.
+        if target.is_lake:
+            if not demote_and_publish(topic, target, plan.segs, plan.rows,  # type: ignore[arg-type]
+                                      plan.seen):
+                continue
+            return _moved(topic, plan, tier_number, t0, False)
         need = HEADER_SIZE + sum(align(int(n)) for n in rows["length"][:-1]) + int(
             rows["length"][-1])
         tomb = plan.tomb
@@ -323,20 +333,27 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
             finally:
                 if lock >= 0:
                     os.close(lock)
-        crash_point("move.committed")
-        # Our reads of the sources pinned their files: unpin, so they can be released.
-        MAPS.drop({store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs})
-        result = MoveResult(topic.name, segment_id(p, seq), tuple(s.id for s in segs), p,
-                            tuple(s.tier for s in segs), tier_number, int(rows["length"].sum()),
-                            int(rows["records"].sum()), time.perf_counter() - t0, adopted)
-        log.info("moved %s/%s (%s) from tier %s to tier %d: %d bytes, %d records in %.3f s%s",
-                 topic.name, result.segment, ", ".join(result.sources),
-                 "/".join(map(str, result.from_tiers)), tier_number, result.bytes,
-                 result.records, result.seconds,
-                 " (re-adopted its old file there, nothing copied)" if adopted else "")
-        return result
+        return _moved(topic, plan, tier_number, t0, adopted)
     raise CommitConflict(f"topic {topic.name!r}: gave up moving {list(segment_ids)} after "
                          f"{attempts} lost races")
+
+
+def _moved(topic: Topic, plan: _Plan, tier_number: int, t0: float, adopted: bool
+           ) -> MoveResult:
+    """The result of a published move, its sources' maps dropped."""
+    crash_point("move.committed")
+    store, segs, rows, p = topic.store, plan.segs, plan.rows, plan.partition
+    # Our reads of the sources pinned their files: unpin, so they can be released.
+    MAPS.drop({store.tier(s.tier).segment_path(topic.name, p, s.seq) for s in segs})
+    result = MoveResult(topic.name, segment_id(p, plan.seq), tuple(s.id for s in segs), p,
+                        tuple(s.tier for s in segs), tier_number, int(rows["length"].sum()),
+                        int(rows["records"].sum()), time.perf_counter() - t0, adopted)
+    log.info("moved %s/%s (%s) from tier %s to tier %d: %d bytes, %d records in %.3f s%s",
+             topic.name, result.segment, ", ".join(result.sources),
+             "/".join(map(str, result.from_tiers)), tier_number, result.bytes,
+             result.records, result.seconds,
+             " (re-adopted its old file there, nothing copied)" if adopted else "")
+    return result
 
 
 def _release_old_copy(topic: Topic, target: Tier, seg_id: str, final: str,

@@ -341,9 +341,9 @@ class Tier(InsideTier, ABC):
         self.capacity = capacity
         return 0
 
-    # Files of the tier, for garbage collection, checks and moves. Local tiers use the OS;
-    # a remote tier overrides these.
+    # Files of the tier, for garbage collection, checks and moves: a remote tier overrides.
     local = True
+    is_lake = False  # a lake (:mod:`.lake_tier`): Parquet files of a table, no segments
     # Whether a released file is reused (a pool): then it is released as soon as no reader
     # pins it (an exclusive flock succeeds) rather than after log.cleanup.grace.ms.
     pinned_by_readers = False

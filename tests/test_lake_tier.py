@@ -1,0 +1,229 @@
+"""The LAKE tier: a store's oldest segments as a Delta table, read back by pafka as its log
+and by other engines as a table."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import textwrap
+
+import deltalake
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from migration import MigrationService
+from tier_store import Consumer, ConfigError, CorruptSegment, Store, check_topic, execute
+from tier_store.maintenance.demote import LAKE_POINTS
+from tier_store.tiers import LakeTier
+
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch
+from .support import pmem_hdd_config
+
+
+def _lake_store(path, **extra):
+    return Store.open(str(path), {"storage.tiers.types": "FILE,LAKE",
+                                  "storage.tiers.1.sizes": "256k", "log.segment.bytes": "64k",
+                                  "log.cleanup.grace.ms": 0,
+                                  "storage.migrate.threshold": 0.5, **extra})
+
+
+def _fill(topic, batches=80, per=150, partitions=2, seed=1):
+    rng = random.Random(seed)
+    at = [0] * partitions
+    for i in range(batches):
+        p = i % partitions
+        n = rng.randint(1, per)
+        topic.append(make_batch(p * 1_000_000 + at[p], n), partition=p)
+        at[p] += n
+
+
+def _log_view(topic, p, start=0, end=None):
+    """(offset, key, commit time) of each record read through the log."""
+    out = []
+    for pb in execute(topic.plan_read(p, start, end)):
+        keys = pb.batch.column("key").to_pylist()
+        out += [(pb.offset + i, k, pb.timestamp) for i, k in enumerate(keys)]
+    return out
+
+
+def _table(store, topic):
+    return deltalake.DeltaTable(store.tier(len(store.tiers)).table_uri(topic.name, topic.id))
+
+
+def test_a_lake_tier_comes_last_holds_no_appends_and_takes_no_size(tmp_path):
+    for types in ("LAKE,FILE", "FILE,LAKE,HDD", "LAKE"):
+        with pytest.raises(ConfigError, match="LAKE tier .* comes last"):
+            Store.open(str(tmp_path / types.replace(",", "-")), {"storage.tiers.types": types})
+    with pytest.raises(ConfigError, match="storage.tiers.2.sizes=1048576: a LAKE tier"):
+        Store.open(str(tmp_path / "sized"), {"storage.tiers.types": "FILE,LAKE",
+                                             "storage.tiers.2.sizes": "1m"})
+    s = _lake_store(tmp_path / "s")
+    assert isinstance(s.tier(2), LakeTier)
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, partitions=1)
+    assert {x.tier for x in t.segments()} == {1}  # appends never land in the lake
+
+
+def test_demoted_segments_read_the_same_through_the_log_and_every_engine(tmp_path):
+    s = _lake_store(tmp_path / "s")
+    t = s.create_topic("clicks", SCHEMA, partitions=2)
+    _fill(t)
+    before = [_log_view(t, p) for p in range(2)]
+    results = MigrationService(s).run_once()
+    assert results and {r.to_tier for r in results} == {2}
+    fresh = Store.open(str(tmp_path / "s")).topic("clicks")
+    tiers = {x.tier for x in fresh.segments()}
+    assert tiers == {1, 2}  # the fresh data stays on tier 1
+    # The log reads the same records, offsets and commit times, across the boundary too.
+    assert [_log_view(fresh, p) for p in range(2)] == before
+    rng = random.Random(7)
+    for _ in range(20):
+        p = rng.randrange(2)
+        end = fresh.latest_offsets()[p]
+        a = rng.randrange(end)
+        b = rng.randrange(a, end + 1)
+        assert _log_view(fresh, p, a, b) == before[p][a:b]
+    c = Consumer(s, "clicks", None)
+    got = {0: [], 1: []}
+    while batches := c.poll(max_records=10_000):
+        for fb in batches:
+            got[fb.partition] += fb.batch.column("key").to_pylist()
+    assert [got[p] for p in range(2)] == [[k for _, k, _ in before[p]] for p in range(2)]
+    assert check_topic(fresh).ok
+
+    # Other engines read the table: every demoted record once, with its offset and time.
+    lake = [(p, o, k, ts) for p in range(2) for x in fresh.segments() if x.partition == p
+            and x.tier == 2 for o, k, ts in before[p][x.base_offset:x.end_offset]]
+    table = _table(s, fresh).to_pyarrow_table()
+    rows = sorted(zip(table.column("_partition").to_pylist(),
+                      table.column("_offset").to_pylist(), table.column("key").to_pylist(),
+                      table.column("_timestamp").cast(pa.timestamp("ms", tz="UTC"))
+                      .cast(pa.int64()).to_pylist(), strict=True))
+    assert rows == sorted(lake)
+    df = pl.scan_delta(_table(s, fresh).table_uri).filter(pl.col("_partition") == 1).collect()
+    assert sorted(df["_offset"].to_list()) == [o for p, o, _, _ in sorted(lake) if p == 1]
+    # Spark's (or any) Parquet reader reads the table's files as they are.
+    files = _table(s, fresh).file_uris()
+    direct = pa.concat_tables([pq.read_table(f) for f in files])
+    assert direct.num_rows == len(lake)
+
+
+def test_checkpoints_keep_lake_segments_and_older_releases_are_told(tmp_path):
+    s = _lake_store(tmp_path / "s", **{"log.checkpoint.interval": 2})
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, partitions=1)
+    before = _log_view(t, 0)
+    MigrationService(s).run_once()
+    t.append(make_batch(10**7, 3), partition=0)  # a checkpoint after the move
+    t.write_checkpoint()
+    fresh = Store.open(str(tmp_path / "s")).topic("t")
+    assert _log_view(fresh, 0)[:len(before)] == before
+    lakes = [x for x in fresh.state().segments.values() if x.lake is not None]
+    assert lakes and all(x.tier == 2 for x in lakes)
+
+
+def test_retention_drops_lake_segments_from_the_log_and_the_table_keeps_them(tmp_path):
+    s = _lake_store(tmp_path / "s")
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, partitions=1)
+    MigrationService(s).run_once()
+    in_lake = sum(x.records for x in t.segments() if x.tier == 2)
+    assert in_lake
+    t.set_config({"retention.bytes": 1})
+    dropped = t.apply_retention()
+    assert dropped and not [x for x in t.segments() if x.tier == 2]
+    MigrationService(s).run_once()  # and garbage collection leaves the table alone
+    assert _table(s, t).to_pyarrow_table().num_rows == in_lake
+    assert all(os.path.exists(f) for f in _table(s, t).file_uris())
+    # Deleting the topic keeps its table too.
+    uri = _table(s, t).table_uri
+    s.delete_topic("t")
+    assert deltalake.DeltaTable(uri).to_pyarrow_table().num_rows == in_lake
+
+
+def test_a_damaged_lake_file_is_corrupt_naming_it_never_a_wrong_row(tmp_path):
+    s = _lake_store(tmp_path / "s")
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, partitions=1)
+    MigrationService(s).run_once()
+    seg = next(x for x in t.segments() if x.tier == 2)
+    path = s.tier(2).file_path("t", t.id, 0, seg.base_offset, seg.end_offset)
+    rows = t.state().part(0).chunks.segment_rows(int(seg.id.split("-")[1]))
+    pos = int(rows["pos"][0]) + int(rows["length"][0]) // 2
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptSegment, match=os.path.basename(path)):
+        list(t.read(0, seg.base_offset, seg.end_offset))
+    report = check_topic(t)
+    assert not report.ok and os.path.basename(path) in report.problems[0]
+    # A reader that skips corrupt data skips exactly that row group, and says so.
+    kept = [b for b in t.read(0, seg.base_offset, seg.end_offset, skip_corrupt=True)]
+    assert sum(b.num_rows for b in kept) == seg.records - int(rows["records"][0])
+
+
+def test_a_tiered_store_demotes_from_its_last_disk_tier(tmp_path, shm_dir):
+    conf = pmem_hdd_config(shm_dir, **{"storage.tiers.types": "PMEM,HDD,LAKE",
+                                       "storage.tiers.2.sizes": "256k",
+                                       "log.cleanup.grace.ms": 0,
+                                       "storage.migrate.threshold": 0.5})
+    s = Store.open(str(tmp_path / "s"), conf)
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    for seed in range(6):  # as a stream fills it, with the service keeping up
+        _fill(t, batches=60, per=300, seed=seed)
+        MigrationService(s).run_once()
+    before = [_log_view(t, p) for p in range(2)]
+    MigrationService(s).run_once()
+    assert {x.tier for x in t.segments()} >= {2, 3}
+    assert [_log_view(t, p) for p in range(2)] == before
+    assert check_topic(t).ok
+    # The lake holds the oldest records: every lake segment is older than every other.
+    for p in range(2):
+        segs = sorted((x for x in t.segments() if x.partition == p), key=lambda x: x.base_offset)
+        tiers = [x.tier for x in segs]
+        assert tiers == sorted(tiers, reverse=True)
+
+
+@pytest.mark.parametrize("point", [*LAKE_POINTS, "move.committed"])
+def test_a_demotion_killed_at_any_step_leaves_no_duplicate_and_loses_nothing(tmp_path, point):
+    s = _lake_store(tmp_path / "s")
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    _fill(t)
+    want = [_log_view(t, p) for p in range(2)]
+    code = textwrap.dedent(f"""
+        from migration import MigrationService
+        from tier_store import Store
+        MigrationService(Store.open({str(tmp_path / "s")!r})).run_once()
+    """)
+    env = dict(os.environ, PAFKA_CRASH_POINT=point, PAFKA_CRASH_AFTER="1")
+    r = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    after = Store.open(str(tmp_path / "s")).topic("t")
+    assert [_log_view(after, p) for p in range(2)] == want
+    assert check_topic(after).ok
+    s2 = Store.open(str(tmp_path / "s"))
+    MigrationService(s2).run_once()
+    t2 = s2.topic("t")
+    assert [_log_view(t2, p) for p in range(2)] == want
+    assert check_topic(t2).ok
+    # The table holds each demoted record once, and only those the log says are there.
+    table = _table(s2, t2).to_pyarrow_table()
+    keys = table.column("key").to_pylist()
+    assert len(keys) == len(set(keys))
+    in_lake = {(x.partition, o) for x in t2.segments() if x.tier == 2
+               for o in range(x.base_offset, x.end_offset)}
+    held = set(zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(),
+                   strict=True))
+    assert in_lake <= held
+    # A crash after the table's commit leaves rows the log does not name yet: the next run
+    # names them, never adding them again.
+    assert len(held) == len(keys)
+    assert np.all(np.diff(sorted(o for p, o in held if p == 0)) >= 1)
