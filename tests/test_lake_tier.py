@@ -51,6 +51,21 @@ def _log_view(topic, p, start=0, end=None):
     return out
 
 
+def _duckdb_rows(uri):
+    """(partition, offset) of every row of the Delta table at ``uri``, read by DuckDB's delta
+    extension (installed from PyPI: no download at run time)."""
+    import glob
+
+    import duckdb
+    import duckdb_extension_delta
+    ext = glob.glob(os.path.join(os.path.dirname(duckdb_extension_delta.__file__),
+                                 "extensions", "*", "delta.duckdb_extension"))
+    con = duckdb.connect()
+    con.execute(f"LOAD '{ext[0]}'")
+    return sorted(con.execute(f"SELECT _partition, _offset FROM delta_scan('{uri}')")
+                  .fetchall())
+
+
 def _table(store, topic):
     return deltalake.DeltaTable(store.tier(len(store.tiers)).table_uri(topic.name, topic.id))
 
@@ -107,7 +122,8 @@ def test_demoted_segments_read_the_same_through_the_log_and_every_engine(tmp_pat
     assert rows == sorted(lake)
     df = pl.scan_delta(_table(s, fresh).table_uri).filter(pl.col("_partition") == 1).collect()
     assert sorted(df["_offset"].to_list()) == [o for p, o, _, _ in sorted(lake) if p == 1]
-    # Spark's (or any) Parquet reader reads the table's files as they are.
+    assert _duckdb_rows(_table(s, fresh).table_uri) == sorted((p, o) for p, o, _, _ in lake)
+    # Any Parquet reader reads the table's files as they are.
     files = _table(s, fresh).file_uris()
     direct = pa.concat_tables([pq.read_table(f) for f in files])
     assert direct.num_rows == len(lake)
