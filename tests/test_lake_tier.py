@@ -243,3 +243,30 @@ def test_a_demotion_killed_at_any_step_leaves_no_duplicate_and_loses_nothing(tmp
     # names them, never adding them again.
     assert len(held) == len(keys)
     assert np.all(np.diff(sorted(o for p, o in held if p == 0)) >= 1)
+
+
+def test_the_pafka_command_shows_the_lake_and_consumes_across_it(tmp_path):
+    import json
+
+    from .support import pafka
+    s = _lake_store(tmp_path / "s")
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    _fill(t)
+    want = {(p, o, k, ts) for p in range(2) for o, k, ts in _log_view(t, p)}
+    MigrationService(s).run_once()
+    root = str(tmp_path / "s")
+    d = json.loads(pafka("describe", root, "t", "--json").stdout)
+    lake = d["lake"]
+    in_lake = [x for x in d["segments"] if x["tier_type"] == "LAKE"]
+    assert in_lake and lake["version"] >= 1 and lake["files"] >= 1
+    assert lake["rows"] == sum(x["end_offset"] - x["base_offset"] for x in in_lake)
+    text = pafka("describe", root, "t").stdout
+    assert f"lake table {lake['table']}: version {lake['version']}" in text
+    tiers = json.loads(pafka("tiers", root, "--json").stdout)["tiers"]
+    assert tiers[1]["lake"] == {k: lake[k] for k in ("files", "rows", "bytes")} | {"tables": 1}
+    assert "tier 2 LAKE" in pafka("tiers", root).stdout
+    r = pafka("consume", root, "t", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    got = {(x["_partition"], x["_offset"], x["key"], x["_timestamp"])
+           for x in map(json.loads, r.stdout.splitlines())}
+    assert {(p, o, k) for p, o, k, _ in got} == {(p, o, k) for p, o, k, _ in want}

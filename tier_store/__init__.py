@@ -37,6 +37,7 @@ from .hashing import hash_keys, partition_of
 from .ids import SegmentId, host_id
 from .layout import STORE_FILE, check_topic_name
 from .maintenance.check import CheckReport, check_topic
+from .maintenance.demote import lake_summary
 from .maintenance.idle import seal_idle
 from .maintenance.moves import MoveResult, OldCopyInGrace
 from .ownership import Relocation, relocate_tier
@@ -123,5 +124,6 @@ __all__ = [
     "topic_key",
     "unset_key",
     "host_id",
+    "lake_summary",
     "read_counts",
 ]

@@ -76,6 +76,20 @@ class LakeTable:
             return 0
         return dt.transaction_version(app_id(self.topic_id, partition)) or 0
 
+    def summary(self) -> dict[str, Any]:
+        """The table as ``pafka describe`` and ``pafka tiers`` show it: where it is, its
+        version, and its files, rows and bytes (from the Delta log: no data file is read)."""
+        dt = self._open()
+        out: dict[str, Any] = {"table": self.uri, "version": -1, "files": 0, "rows": 0,
+                               "bytes": 0}
+        if dt is None:
+            return out
+        adds = pa.table(dt.get_add_actions(flatten=True))
+        out.update(version=int(dt.version()), files=adds.num_rows,
+                   rows=sum(adds.column("num_records").to_pylist()),
+                   bytes=sum(adds.column("size_bytes").to_pylist()))
+        return out
+
     def version(self) -> int:
         """The table's latest version (-1: no table yet)."""
         dt = self._open()

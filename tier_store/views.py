@@ -184,6 +184,12 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
         spans, packed = st.part(p).chunks.spans()  # from the pieces' figures: none is read
         for s in st.partition_segments(p):
             tier = tier_of(s.tier)
+            if tier.is_lake:  # its Parquet file, sealed and settled for good
+                out.append(SegmentInfo(
+                    s.id, topic, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier, "LAKE",
+                    tier.file_path(topic, st.topic_id, p, s.base, s.end),  # type: ignore
+                    True, s.first_ts, s.last_ts, True, s.bytes))
+                continue
             path = tier.segment_path(topic, p, s.seq)
             is_active = (s.seq, s.tier) == active
             hdr = tier.read_header(path) if is_active or not tier.is_remote else None

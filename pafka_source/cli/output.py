@@ -120,6 +120,12 @@ def render_tiers(report: dict[str, Any]) -> list[str]:
     """``pafka tiers`` for people: a line per tier, the migration totals, then notes."""
     lines = []
     for t in report["tiers"]:
+        if "lake" in t:
+            x = t["lake"]
+            lines.append(f"tier {t['tier']} LAKE  {t['path']}: {plural(x['tables'], 'table')}, "
+                         f"{plural(x['files'], 'file')}, {x['rows']:,} rows, "
+                         f"{human(x['bytes'])} (Delta Lake)")
+            continue
         cap = human(t["capacity"]) if t["capacity"] else "unbounded"
         line = f"tier {t['tier']} {t['type']:5s} {t['path']}: {human(t['used'])} of {cap}"
         if "pool_files" in t:
@@ -203,6 +209,10 @@ def render_describe(d: dict[str, Any]) -> list[str]:
                      f"{'sealed' if s['sealed'] else 'active'}")
     for g in d["groups"]:
         lines.append(f"  group {g['group']}: {json.dumps(g['committed'])} lag {g['lag']:,}")
+    if d.get("lake"):
+        x = d["lake"]
+        lines.append(f"lake table {x['table']}: version {x['version']}, "
+                     f"{plural(x['files'], 'file')}, {x['rows']:,} rows, {human(x['bytes'])}")
     return lines
 
 

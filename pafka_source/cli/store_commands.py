@@ -23,6 +23,7 @@ from tier_store import (
     Relocation,
     Store,
     StoreNotFound,
+    lake_summary,
     relocate_tier,
     root_location,
     tier_key,
@@ -116,6 +117,7 @@ def describe_topic(store: Store, name: str) -> dict[str, Any]:
         "groups": [{"group": group, "committed": offs,
                     "lag": sum(latest[p] - o for p, o in offs.items())}
                    for group, offs in t.positions().items()],
+        "lake": lake_summary(t),
     }
 
 
@@ -188,6 +190,11 @@ def tiers_report(store: Store) -> dict[str, Any]:
             row["usable_capacity"] = files * tier.segment_bytes
             notes.append(pmem_note(t["tier"], ratio, tier.segment_bytes, files,
                                    row["usable_capacity"], t["capacity"]))
+        if tier.is_lake:  # its tables, as their Delta logs tell
+            tables = [lake_summary(store.topic(n)) for n in store.topics()]
+            row["lake"] = {k: sum(x[k] for x in tables if x and x["version"] >= 0)
+                           for k in ("files", "rows", "bytes")}
+            row["lake"]["tables"] = sum(1 for x in tables if x and x["version"] >= 0)
         row["migration_fill"] = fill.get(t["tier"])
         row["fill_basis"] = (None if row["migration_fill"] is None else
                              "segments per pool file" if "pool_files" in t else

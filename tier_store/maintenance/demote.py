@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,15 @@ def lake_table(topic: Topic, target: LakeTier) -> LakeTable:
     """The table of ``topic``'s incarnation on lake tier ``target``."""
     return LakeTable(target.path, topic.name, topic.id, topic.schema,
                      target.storage_options())
+
+
+def lake_summary(topic: Topic) -> dict[str, Any] | None:
+    """``topic``'s table on its store's lake tier (:meth:`LakeTable.summary`); None if the
+    store has no lake."""
+    last = topic.store.tiers[-1]
+    if not last.is_lake:
+        return None
+    return lake_table(topic, last).summary()  # type: ignore[arg-type]
 
 
 def demote(topic: Topic, target: LakeTier, segs: Sequence[SegmentState], rows: np.ndarray
@@ -130,4 +139,4 @@ def _runs(topic: Topic, p: int, rows: np.ndarray, bufs: list[pa.Buffer]
             base += b.num_rows
 
 
-__all__ = ["LAKE_POINTS", "demote", "demote_and_publish", "lake_table"]
+__all__ = ["LAKE_POINTS", "demote", "demote_and_publish", "lake_summary", "lake_table"]
