@@ -22,6 +22,9 @@ def delta_storage_options() -> dict[str, str]:
     """delta-rs's options for an S3 lake: its keys and endpoint from the same variables, and
     commits by conditional put (an object store without it could lose a commit to a race)."""
     opts = {"conditional_put": "etag"}
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        opts["region"] = region
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         opts["endpoint"] = endpoint
