@@ -295,3 +295,32 @@ def test_a_lake_on_s3_commits_with_conditional_puts_and_reads_back(tmp_path, s3_
                        table.column("_offset").to_pylist(), strict=True))) == in_lake
     df = pl.scan_delta(uri, storage_options=opts).select("key").collect()
     assert df.height == in_lake
+
+
+def test_spark_reads_the_log_across_the_lake_and_the_tables_files(spark, tmp_path):
+    s = _lake_store(tmp_path / "s")
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    _fill(t)
+    MigrationService(s).run_once()
+    assert 2 in {x.tier for x in t.segments()}
+    want = sorted((p, o, k, ts) for p in range(2) for o, k, ts in _log_view(t, p))
+    root = str(tmp_path / "s")
+    df = (spark.read.format("pafka").option("topic", "t").option("includeMetadata", "true")
+          .load(root))
+    got = sorted((r._partition, r._offset, r.key, int(r._timestamp.timestamp() * 1000))
+                 for r in df.select("_partition", "_offset", "key", "_timestamp").collect())
+    assert got == want
+    q = (spark.readStream.format("pafka").option("topic", "t")
+         .option("startingOffsets", "earliest").load(root).select("key")
+         .writeStream.format("pafka").option("topic", "copy")
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+         .start(root))
+    q.awaitTermination()
+    copy = spark.read.format("pafka").option("topic", "copy").load(root)
+    assert sorted(r.key for r in copy.collect()) == sorted(k for _, _, k, _ in want)
+    # Spark's own Parquet reader on the table's files: the lake's rows, as they are.
+    files = _table(s, t).file_uris()
+    lake = spark.read.parquet(*files).select("_offset", "key").collect()
+    in_lake = {(o, k) for p, o, k, _ in want for x in t.segments()
+               if x.tier == 2 and x.partition == p and x.base_offset <= o < x.end_offset}
+    assert sorted((r._offset, r.key) for r in lake) == sorted(in_lake)
