@@ -61,6 +61,7 @@ from tier_store import (
     SegmentId,
     Store,
     StoreFull,
+    apply_lake_retention,
     seal_idle,
 )
 
@@ -219,6 +220,7 @@ class MigrationService:
         for name in self.store.topics():
             try:
                 ids = self.store.topic(name).apply_retention()
+                apply_lake_retention(self.store.topic(name))
             except Exception as e:  # one topic's trouble stops no other
                 log.warning("topic %s: applying retention failed: %s: %s", name,
                             type(e).__name__, e)
@@ -285,8 +287,7 @@ class MigrationService:
                     out.append(r)
                     continue
                 if unreadable and len(m.segments) > 1:
-                    # A merge with an unreadable source: move the sources one by one, so that
-                    # only the unreadable one stays behind (and waits out its back-off).
+                    # A merge with an unreadable source: only that one stays behind.
                     singles = (self._move(dataclasses.replace(m, segments=(sid,)), throttle)[0]
                                for sid in m.segments)
                     out += [x for x in singles if x is not None]

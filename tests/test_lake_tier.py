@@ -324,3 +324,50 @@ def test_spark_reads_the_log_across_the_lake_and_the_tables_files(spark, tmp_pat
     in_lake = {(o, k) for p, o, k, _ in want for x in t.segments()
                if x.tier == 2 and x.partition == p and x.base_offset <= o < x.end_offset}
     assert sorted((r._offset, r.key) for r in lake) == sorted(in_lake)
+
+
+def test_lake_retention_removes_whole_old_files_from_the_table_and_the_log(tmp_path):
+    from tier_store import apply_lake_retention
+    s = _lake_store(tmp_path / "s", **{"log.retention.ms": -1})
+    t = s.create_topic("t", SCHEMA, partitions=2)
+    _fill(t)
+    MigrationService(s).run_once()
+    dt = _table(s, t)
+    files = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    assert apply_lake_retention(t) == 0  # -1 by default: the table keeps every row
+    # A cut at the newest file's time: every file older goes, whole; the newest stays.
+    newest = max(f["max._timestamp"] for f in files)
+    cut = int(newest.timestamp() * 1000)
+    t.set_config({"lake.retention.ms": 0})
+    old = [f for f in files if int(f["max._timestamp"].timestamp() * 1000) < cut]
+    removed = apply_lake_retention(t, now_ms=cut)
+    assert removed == sum(f["num_records"] for f in old) > 0
+    left = pa.table(_table(s, t).get_add_actions(flatten=True)).to_pylist()
+    assert {f["path"] for f in left} == {f["path"] for f in files} - {f["path"] for f in old}
+    # The log no longer names those rows, and reads what is left the same as before.
+    for p in range(2):
+        starts = t.earliest_offsets()[p]
+        gone = [f for f in old if f["partition._partition"] == p]
+        if gone:
+            assert starts == max(f["max._offset"] for f in gone) + 1
+        assert [o for o, _, _ in _log_view(t, p, starts)][:1] == [starts]
+    assert check_topic(t).ok
+
+
+def test_delete_topic_keeps_the_table_unless_purged(tmp_path):
+    import json
+
+    from .support import pafka
+    root = str(tmp_path / "s")
+    s = _lake_store(root, **{"storage.tiers.1.sizes": "1m", "storage.migrate.threshold": 0.1})
+    for name in ("kept", "purged"):
+        t = s.create_topic(name, SCHEMA, partitions=1)
+        _fill(t, partitions=1)
+        MigrationService(s).run_once()
+    uris = {n: s.tier(2).table_uri(n, s.topic(n).id) for n in ("kept", "purged")}
+    r = json.loads(pafka("delete-topic", root, "kept", "--json").stdout)
+    assert r["lake_table"] == uris["kept"] and not r["lake_purged"]
+    assert deltalake.DeltaTable(uris["kept"]).to_pyarrow_table().num_rows > 0
+    out = pafka("delete-topic", root, "purged", "--purge-lake")
+    assert f"its lake table {uris['purged']} was deleted" in out.stdout, out.stderr
+    assert not os.path.exists(uris["purged"])

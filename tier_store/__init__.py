@@ -39,6 +39,7 @@ from .layout import STORE_FILE, check_topic_name
 from .maintenance.check import CheckReport, check_topic
 from .maintenance.demote import lake_summary
 from .maintenance.idle import seal_idle
+from .maintenance.lake_retention import apply_lake_retention, purge_lake
 from .maintenance.moves import MoveResult, OldCopyInGrace
 from .ownership import Relocation, relocate_tier
 from .ownership.roots import root_location
@@ -125,5 +126,7 @@ __all__ = [
     "unset_key",
     "host_id",
     "lake_summary",
+    "apply_lake_retention",
+    "purge_lake",
     "read_counts",
 ]

@@ -260,6 +260,11 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.retention.ms", "int", 7 * _DAY_MS,
                   "Age after which sealed segments are deleted, in milliseconds; -1 keeps all.",
                   changeable=True, minimum=0, special=(-1,)),
+        ConfigKey("lake.retention.ms", "int", -1,
+                  "Age after which a topic's rows leave its lake table (a LAKE tier), whole "
+                  "files at a time, in milliseconds; -1 keeps them all. log.retention.* "
+                  "drops lake segments from the log only.", changeable=True, minimum=0,
+                  special=(-1,)),
         ConfigKey("log.retention.check.interval.ms", "int", 300_000,
                   "How often a committing process checks retention, in milliseconds (as "
                   "Kafka's key); the migration service also checks it on every run. 0 checks "

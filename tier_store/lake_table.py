@@ -90,6 +90,49 @@ class LakeTable:
                    bytes=sum(adds.column("size_bytes").to_pylist()))
         return out
 
+    def expired_ends(self, cutoff_ms: int) -> dict[int, int]:
+        """Per partition, the offset below which every file's rows were committed before
+        ``cutoff_ms``: the end of its oldest run of such files (partitions without one are
+        left out). From the Delta log's statistics: no data file is read."""
+        dt = self._open()
+        if dt is None:
+            return {}
+        adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+        files: dict[int, list[tuple[int, int, int]]] = {}
+        for p, lo, hi, ts in zip(adds["partition._partition"], adds["min._offset"],
+                                 adds["max._offset"], adds["max._timestamp"], strict=True):
+            if None in (lo, hi, ts):
+                continue  # no statistics: never judged old
+            files.setdefault(int(p), []).append((lo, hi, int(ts.timestamp() * 1000)))
+        ends = {}
+        for p, fs in files.items():
+            # Files of interleaved writers overlap in offsets: the cut lies below every file
+            # kept, so that no file is cut through (a rewrite would move rows the log names).
+            end = min((lo for lo, _, ts in fs if ts >= cutoff_ms), default=None)
+            while True:
+                gone = [f for f in fs if f[2] < cutoff_ms and (end is None or f[1] < end)]
+                top = max((hi + 1 for _, hi, _ in gone), default=0)
+                below = min((lo for f in fs if f not in gone for lo in (f[0],)), default=top)
+                if below >= top:
+                    break
+                end = below
+            if gone:
+                ends[p] = top
+        return ends
+
+    def remove_below(self, ends: dict[int, int], vacuum_hours: int) -> int:
+        """Remove the rows of each partition ``p`` below offset ``ends[p]`` (whole files, by
+        :meth:`expired_ends`), then vacuum files unreferenced for ``vacuum_hours``. Returns
+        the rows removed."""
+        dt = self._open()
+        if dt is None or not ends:
+            return 0
+        predicate = " OR ".join(f"({PARTITION} = {int(p)} AND _offset < {int(e)})"
+                                for p, e in sorted(ends.items()))
+        metrics = dt.delete(predicate)
+        dt.vacuum(retention_hours=vacuum_hours, dry_run=False, enforce_retention_duration=False)
+        return int(metrics.get("num_deleted_rows", 0) or 0)
+
     def version(self) -> int:
         """The table's latest version (-1: no table yet)."""
         dt = self._open()

@@ -149,7 +149,7 @@ def _evict(store: sc.ReportingStore, follow: bool, as_json: bool) -> int:
 
 def cmd_delete_topic(args: argparse.Namespace) -> int:
     store = sc.open_store(args.root)
-    out.emit(sc.delete_topic(store, args.topic), args.json, out.render_delete)
+    out.emit(sc.delete_topic(store, args.topic, args.purge_lake), args.json, out.render_delete)
     return 0
 
 

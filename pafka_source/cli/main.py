@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "error rather than reading a new topic of the same name.")
     add_root(x)
     add_topic(x, "the topic to delete")
+    x.add_argument("--purge-lake", action="store_true",
+                   help="also delete the topic's Delta table on the LAKE tier (kept otherwise: "
+                        "it is the topic's history)")
     add_json(x)
     x.set_defaults(func=cmd_delete_topic)
     c = command("describe", "partitions, offsets, segments and groups of a topic")

@@ -188,6 +188,9 @@ def render_delete(r: dict[str, Any]) -> list[str]:
     if r["pinned_files"]:
         lines.append(f"{plural(r['pinned_files'], 'file')} still mapped by readers: reclaimed "
                      "once they let go, by the migration service's next run")
+    if r.get("lake_table"):
+        lines.append(f"its lake table {r['lake_table']} was deleted" if r["lake_purged"] else
+                     f"its lake table stays: {r['lake_table']} (--purge-lake deletes it)")
     return lines
 
 

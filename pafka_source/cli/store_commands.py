@@ -24,6 +24,7 @@ from tier_store import (
     Store,
     StoreNotFound,
     lake_summary,
+    purge_lake,
     relocate_tier,
     root_location,
     tier_key,
@@ -121,14 +122,20 @@ def describe_topic(store: Store, name: str) -> dict[str, Any]:
     }
 
 
-def delete_topic(store: Store, name: str) -> dict[str, Any]:
-    """Delete topic ``name``; what it held and how many files readers still pin."""
+def delete_topic(store: Store, name: str, purge: bool = False) -> dict[str, Any]:
+    """Delete topic ``name`` (and with ``purge`` its lake table); what it held and how many
+    files readers still pin."""
     t = store.topic(name)
     segs = t.segments()
+    lake = lake_summary(t)
     report = {"topic": name, "id": t.id, "partitions": t.partitions,
               "records": sum(s.records for s in segs), "segments": len(segs),
-              "bytes": sum(s.bytes for s in segs)}
+              "bytes": sum(s.bytes for s in segs),
+              "lake_table": lake["table"] if lake and lake["version"] >= 0 else None}
     report["pinned_files"] = store.delete_topic(name)
+    # After the topic: a reader of it never meets a log naming files already gone.
+    report["lake_purged"] = bool(purge and report["lake_table"] and
+                                 purge_lake(store, name, report["id"]))
     return report
 
 
