@@ -272,16 +272,20 @@ def test_the_pafka_command_shows_the_lake_and_consumes_across_it(tmp_path):
     assert {(p, o, k) for p, o, k, _ in got} == {(p, o, k) for p, o, k, _ in want}
 
 
-def test_a_lake_on_s3_commits_with_conditional_puts_and_reads_back(tmp_path, s3_root):
-    # The table on the suite's Ceph radosgw: delta-rs commits with conditional puts there.
+@pytest.mark.parametrize("root_on", ["disk", "s3"])
+def test_a_lake_on_s3_commits_with_conditional_puts_and_reads_back(tmp_path, s3_root, root_on):
+    # The table on the suite's Ceph radosgw: delta-rs commits with conditional puts there. The
+    # store's root is local, or on S3 too (its commit logs there, tier 1 on this host).
     from tier_store.awsenv import delta_storage_options
-    s = _lake_store(tmp_path / "s", **{"storage.tiers.2.paths": f"{s3_root}/lake"})
+    root = str(tmp_path / "s") if root_on == "disk" else f"{s3_root}/root"
+    s = _lake_store(root, **{"storage.tiers.1.paths": str(tmp_path / "t1"),
+                             "storage.tiers.2.paths": f"{s3_root}/lake"})
     assert s.tier(2).url
     t = s.create_topic("t", SCHEMA, partitions=2)
     _fill(t)
     before = [_log_view(t, p) for p in range(2)]
     assert MigrationService(s).run_once()
-    fresh = Store.open(str(tmp_path / "s")).topic("t")
+    fresh = Store.open(root).topic("t")
     assert 2 in {x.tier for x in fresh.segments()}
     assert [_log_view(fresh, p) for p in range(2)] == before
     assert check_topic(fresh).ok
