@@ -281,18 +281,25 @@ def chunk_rows(seg: int) -> int:
     return max(100, (room // k - CHUNK_SLACK) // RECORD_BYTES)
 
 
-def store_conf(tiered: bool, fast: str, conf_extra: dict) -> tuple[dict, int]:
-    """The store configuration of a run and the number of its throttled (HDD) tier.
+def store_conf(tiered: bool, fast: str, conf_extra: dict, lake: str | None = None
+               ) -> tuple[dict, list[int]]:
+    """The store configuration of a run and the numbers of its throttled (HDD) tiers.
     ``log.cleanup.grace.ms`` stays at its default; the service's own copy cap is off, so
-    that the simulated device alone paces the moves."""
+    that the simulated device alone paces the moves. With ``lake`` (a directory), a tiered
+    store has a LAKE third tier there, on the same simulated HDD: tier 2 then holds twice
+    tier 1, and the policy demotes what passes its threshold to the lake."""
     conf = {"log.segment.bytes": "32m", "storage.migrate.interval.ms": 200,
             "storage.migrate.bytes.per.second": 0, **conf_extra}
     if tiered:
         conf.update({"log.channel.type": "tiered", "storage.tiers.types": "PMEM,HDD",
                      "storage.tiers.first.paths": fast, "log.pmem.pool.ratio": 1.0})
-        return conf, 2
+        if lake is None:
+            return conf, [2]
+        conf.update({"storage.tiers.types": "PMEM,HDD,LAKE", "storage.tiers.3.paths": lake,
+                     "storage.tiers.2.sizes": str(2 * int(conf["storage.tiers.first.sizes"]))})
+        return conf, [2, 3]
     conf.update({"storage.tiers.first.sizes": "64g"})
-    return conf, 1
+    return conf, [1]
 
 
 def prefill_topic(t, nbytes: int, rows: int = 32_000) -> None:
@@ -364,17 +371,18 @@ def _last_json(label: str, role: str, text: str) -> dict:
 
 
 def run_scenario(name: str, tiered: bool, schedule: list, producers: int, hdd: float,
-                 conf_extra: dict, base: str, shm: str, prefill: int = 0) -> dict:
+                 conf_extra: dict, base: str, shm: str, prefill: int = 0,
+                 lake: bool = False) -> dict:
     label = f"{name} ({'tiered' if tiered else 'HDD only'})"
     root = os.path.join(base, f"{name}-{'tiered' if tiered else 'hdd'}-{uuid.uuid4().hex[:6]}")
     fast = os.path.join(shm, f"pafka-tier1-{uuid.uuid4().hex[:6]}")
-    conf, slow = store_conf(tiered, fast, conf_extra)
+    conf, slow = store_conf(tiered, fast, conf_extra, root + "-lake" if lake else None)
     from tier_store import Store
     procs: dict[str, subprocess.Popen] = {}
     try:
         s = Store.open(root, conf)
-        if hdd_tiers(s) != [slow]:  # what the processes throttle, from the store's tiers
-            raise fail(f"{label}: the store's file tiers are {hdd_tiers(s)}, not [{slow}]")
+        if hdd_tiers(s) != slow:  # what the processes throttle, from the store's tiers
+            raise fail(f"{label}: the store's file tiers are {hdd_tiers(s)}, not {slow}")
         rows = chunk_rows(s.config["log.segment.bytes"])
         t = s.create_topic("bench", _schema(), partitions=producers)
         if prefill:
@@ -533,6 +541,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="length of each steady run (default 30)")
     ap.add_argument("--scenario", choices=("all", "burst", "steady"), default="all",
                     help="which scenarios to run (default all; the report covers those run)")
+    ap.add_argument("--lake", action="store_true",
+                    help="tiered stores get a LAKE third tier on the simulated HDD (tier 2 "
+                         "sized twice tier 1), so the service also converts to Parquet")
     add_output_args(ap, (FIGURE,))
     args = ap.parse_args(argv)
     b2 = args.hdd / MB
@@ -583,7 +594,8 @@ def run(args: argparse.Namespace, output: Output, base: str) -> dict:
                       "log.retention.bytes": str(int(factor * c1 / args.producers)),
                       "log.retention.check.interval.ms": 1000}
             sched = [[secs, 1000.0]]
-            rt = run_scenario("steady", True, sched, args.producers, hdd, conf_s, base, shm)
+            rt = run_scenario("steady", True, sched, args.producers, hdd, conf_s, base, shm,
+                              lake=args.lake)
             rf = run_scenario("steady", False, sched, args.producers, hdd, conf_s, base, shm)
             t_rate = positive(sum(per_second(rt)) / secs, f"steady {factor}× tiered ingest")
             h_rate = positive(sum(per_second(rf)) / secs, f"steady {factor}× HDD-only ingest")
@@ -617,7 +629,7 @@ def run_burst(args, output: Output, base: str, shm: str, c1: int, seg: int, b2: 
           f"segments {seg / MiB:g} MiB; schedule {schedule}", flush=True)
     prefill = int(threshold * c1)
     tiered = run_scenario("burst", True, schedule, args.producers, args.hdd, conf, base, shm,
-                          prefill)
+                          prefill, lake=args.lake)
     flat = run_scenario("burst", False, schedule, args.producers, args.hdd, conf, base, shm,
                         prefill)
     st, sf = per_second(tiered), per_second(flat)
@@ -672,7 +684,11 @@ def report(args, c1, seg, threshold, burst, steady) -> str:
                         ("producers", args.producers, 2), ("low_rate", args.low_rate, 10.0),
                         ("burst_rate", args.burst_rate, 150.0),
                         ("steady_seconds", args.steady_seconds, 30),
-                        ("scenario", args.scenario, "all")) if v != d)
+                        ("scenario", args.scenario, "all")) if v != d) + \
+        (" --lake" if args.lake else "")
+    lake = (" Tier 3 (`--lake`): a LAKE tier on the same throttled disk; tier 2 holds twice "
+            "tier 1, and the service converts what passes its threshold to Parquet, in the "
+            "lake's Delta table.") if args.lake else ""
     lines = [
         "## Tiering (`bench/tiering_bench.py`): Pafka's burst and steady scenarios", "",
         f"Command: `{cmd}` — tier 1: pmem tier on /dev/shm, {args.tier1} MiB, threshold "
@@ -685,7 +701,7 @@ def report(args, c1, seg, threshold, burst, steady) -> str:
         "offsets, and the migration service in its own process (every 200 ms). "
         f"`log.cleanup.grace.ms` is the default ({grace:,} ms): readers pin the pool files "
         "they map, so a pool file freed by a move returns to the pool at once. Peers: the "
-        "same run against a store whose only tier is the throttled HDD.",
+        "same run against a store whose only tier is the throttled HDD." + lake,
     ]
     if burst:
         b = burst
