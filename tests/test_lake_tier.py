@@ -18,6 +18,7 @@ import pytest
 
 from migration import MigrationService
 from tier_store import ConfigError, Consumer, CorruptSegment, Store, check_topic, execute
+from tier_store.awsenv import delta_storage_options
 from tier_store.maintenance.demote import LAKE_POINTS
 from tier_store.tiers import LakeTier
 
@@ -207,9 +208,13 @@ def test_a_tiered_store_demotes_from_its_last_disk_tier(tmp_path, shm_dir):
         assert tiers == sorted(tiers, reverse=True)
 
 
+@pytest.mark.parametrize("lake_on", ["disk", "s3"])
 @pytest.mark.parametrize("point", [*LAKE_POINTS, "move.committed"])
-def test_a_demotion_killed_at_any_step_leaves_no_duplicate_and_loses_nothing(tmp_path, point):
-    s = _lake_store(tmp_path / "s")
+def test_a_demotion_killed_at_any_step_leaves_no_duplicate_and_loses_nothing(
+        tmp_path, point, lake_on, request):
+    lake = {} if lake_on == "disk" else \
+        {"storage.tiers.2.paths": request.getfixturevalue("s3_root") + "/lake"}
+    s = _lake_store(tmp_path / "s", **lake)
     t = s.create_topic("t", SCHEMA, partitions=2)
     _fill(t)
     want = [_log_view(t, p) for p in range(2)]
@@ -231,7 +236,9 @@ def test_a_demotion_killed_at_any_step_leaves_no_duplicate_and_loses_nothing(tmp
     assert [_log_view(t2, p) for p in range(2)] == want
     assert check_topic(t2).ok
     # The table holds each demoted record once, and only those the log says are there.
-    table = _table(s2, t2).to_pyarrow_table()
+    table = _table(s2, t2).to_pyarrow_table() if lake_on == "disk" else \
+        deltalake.DeltaTable(s2.tier(2).table_uri("t", t2.id),
+                             storage_options=delta_storage_options()).to_pyarrow_table()
     keys = table.column("key").to_pylist()
     assert len(keys) == len(set(keys))
     in_lake = {(x.partition, o) for x in t2.segments() if x.tier == 2
@@ -276,7 +283,6 @@ def test_the_pafka_command_shows_the_lake_and_consumes_across_it(tmp_path):
 def test_a_lake_on_s3_commits_with_conditional_puts_and_reads_back(tmp_path, s3_root, root_on):
     # The table on the suite's Ceph radosgw: delta-rs commits with conditional puts there. The
     # store's root is local, or on S3 too (its commit logs there, tier 1 on this host).
-    from tier_store.awsenv import delta_storage_options
     root = str(tmp_path / "s") if root_on == "disk" else f"{s3_root}/root"
     s = _lake_store(root, **{"storage.tiers.1.paths": str(tmp_path / "t1"),
                              "storage.tiers.2.paths": f"{s3_root}/lake"})
