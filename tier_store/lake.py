@@ -234,9 +234,12 @@ def decode_groups(where: str, f: LakeFile, footer: pa.Buffer,
 
 def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
                  groups: Sequence[tuple[LakeGroup, pa.Buffer]], schema: pa.Schema,
-                 columns: Sequence[str] | None = None) -> list[tuple[pa.RecordBatch, int]]:
+                 columns: Sequence[str] | None = None, whole: pa.Buffer | None = None
+                 ) -> list[tuple[pa.RecordBatch, int]]:
     """:func:`decode_groups`, each batch with its rows' commit time (ms): batches are cut
-    where the ``_timestamp`` column changes, as the log's chunks were."""
+    where the ``_timestamp`` column changes, as the log's chunks were. ``whole``: the whole
+    file (a mapping), of which ``footer`` and the groups' bytes are slices: Parquet then
+    reads it natively, the checked footer alone saying where."""
     if footer.size != f.footer_length or checksum(footer) != f.footer_checksum:
         raise CorruptSegment(f"{where}: the file's footer does not match its checksum")
     for g, data in groups:
@@ -245,9 +248,13 @@ def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
                                  f"{g.base + g.records}) does not match its checksum")
     try:
         meta = pq.read_metadata(pa.BufferReader(pa.py_buffer(b"PAR1" + footer.to_pybytes())))
-        src = _Ranges(f.size, [(f.footer_pos, footer), *((g.pos, d) for g, d in groups)], where)
-        pf = pq.ParquetFile(pa.PythonFile(src, mode="r"), metadata=meta,
-                            page_checksum_verification=True)
+        if whole is not None and whole.size == f.size:
+            source: Any = pa.BufferReader(whole)
+        else:
+            source = pa.PythonFile(_Ranges(f.size, [(f.footer_pos, footer),
+                                                    *((g.pos, d) for g, d in groups)], where),
+                                   mode="r")
+        pf = pq.ParquetFile(source, metadata=meta, page_checksum_verification=True)
         index = {(meta.row_group(i).num_rows, _group_range(meta.row_group(i))[0]): i
                  for i in range(meta.num_row_groups)}
         want = None if columns is None else [*columns, OFFSET, TIMESTAMP]

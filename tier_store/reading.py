@@ -248,10 +248,11 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     # reused while we read it; a small read copies the plan's bytes of a file not mapped.
     mapped: tuple[str, pa.Buffer, int] | None = None
     here = host_id() if hosted else None
-    footers: dict[str, pa.Buffer] = {}  # per lake file read: its footer, fetched once
+    # Per lake file read: its mapping (a local one) and its footer, fetched once.
+    lake_files: dict[str, tuple[pa.Buffer | None, pa.Buffer]] = {}
     for c in plan.chunks:
         if c.lake is not None:
-            at_offset = yield from _read_lake(plan, c, footers, at_offset, skip_corrupt)
+            at_offset = yield from _read_lake(plan, c, lake_files, at_offset, skip_corrupt)
             continue
         stale: str | None = None  # why the plan may no longer describe this chunk
         local = not is_url(c.path)
@@ -334,7 +335,8 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
                 at_offset = hi
 
 
-def _read_lake(plan: ReadPlan, c: PlannedChunk, footers: dict[str, pa.Buffer], at_offset: int,
+def _read_lake(plan: ReadPlan, c: PlannedChunk,
+               files: dict[str, tuple[pa.Buffer | None, pa.Buffer]], at_offset: int,
                skip_corrupt: SkipCorrupt | None) -> Generator[PlannedBatch, None, int]:
     """Yield the plan's records in lake row group ``c``, checked as
     :func:`tier_store.lake.decode_groups` does (always: a lake read is never unverified);
@@ -346,14 +348,21 @@ def _read_lake(plan: ReadPlan, c: PlannedChunk, footers: dict[str, pa.Buffer], a
     where = (f"topic {plan.topic!r} partition {plan.partition}: offsets [{c.base}, "
              f"{c.base + c.records}) in {c.path}")
     try:
-        footer = footers.get(c.path)
-        if footer is None:
-            footer = footers[c.path] = read_range(c.path, lake.footer_pos, lake.footer_length)
+        # A local file is mapped whole (what a plan reads of it stays mapped, as a segment's
+        # does) and Parquet reads the mapping natively; a remote one, only the ranges needed.
+        got = files.get(c.path)
+        if got is None:
+            whole = None if is_url(c.path) else read_range(c.path, 0, lake.size)
+            footer = whole.slice(lake.footer_pos, lake.footer_length) if whole is not None \
+                else read_range(c.path, lake.footer_pos, lake.footer_length)
+            got = files[c.path] = (whole, footer)
+        whole, footer = got
+        data = whole.slice(c.pos, c.length) if whole is not None else \
+            read_range(c.path, c.pos, c.length)
         group = LakeGroup(c.pos, c.length, c.base, c.records, c.checksum, c.timestamp)
         f = LakeFile("", lake.size, lake.footer_pos, lake.footer_length, lake.footer_checksum,
                      (group,))
-        timed = decode_timed(where, f, footer, [(group, read_range(c.path, c.pos, c.length))],
-                             lake.schema)
+        timed = decode_timed(where, f, footer, [(group, data)], lake.schema, whole=whole)
     except FileNotFoundError:
         raise DataLoss(f"{where}, which is missing from the lake table") from None
     except CorruptSegment as e:
