@@ -486,8 +486,30 @@ def test_posix_put_fsyncs_the_entry_then_the_directory(posix, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     assert posix.put_if_absent(0, b"{}")
     assert len(synced) == 2
-    assert os.path.basename(synced[0]).startswith(TMP_PREFIX)
+    # A file with no name yet (O_TMPFILE: "<dir>/#<inode> (deleted)"), linked as the entry.
+    assert synced[0].startswith(os.path.realpath(posix.path) + "/#")
     assert synced[1] == os.path.realpath(posix.path)
+    # Where O_TMPFILE is missing: a named temporary file, linked, then removed.
+    monkeypatch.delattr(os, "O_TMPFILE")
+    synced.clear()
+    assert posix.put_if_absent(1, b"{}") and not posix.put_if_absent(1, b"[]")
+    assert os.path.basename(synced[0]).startswith(TMP_PREFIX)
+    assert posix.read(1) == b"{}"
+    assert not [n for n in os.listdir(posix.path) if n.startswith(TMP_PREFIX)]
+
+
+def test_posix_put_makes_no_named_temporary_file(posix, monkeypatch):
+    # Each name made and removed stays in the kernel's dentry cache (a negative entry) until
+    # memory runs short: one per commit made every path lookup slower as a log grew old.
+    from tier_store.logstore import posix as module
+    posix.check_incarnation()
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a named temporary file was made")
+    monkeypatch.setattr(module, "write_temp", refused)
+    for v in range(5):
+        assert posix.put_if_absent(v, b"{}")
+    assert not posix.put_if_absent(2, b"[]") and posix.read(2) == b"{}"
 
 
 def test_posix_reads_and_puts_never_list_the_directory(posix, monkeypatch):
