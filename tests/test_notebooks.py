@@ -90,16 +90,21 @@ def test_notebook_runs_and_draws_real_images(path, executed):
 def test_explore_draws_tiers_against_capacity_with_the_threshold_band(executed):
     fig = _figures(executed(EXPLORE)[0])["tier usage"]
     assert fig["labels"] == ["before", "after migration"]
-    t1, t2 = fig["tiers"]
+    t1, t2, t3 = fig["tiers"]
     cap = t1["capacity"]
     assert cap == 4 * MiB and t1["xlim"] == [0, cap]  # the bars' scale is the capacity
     assert t1["threshold_high"] == [pytest.approx(0.6 * cap)]  # the band of the sample store
     assert t1["threshold_low"] == [pytest.approx(0.4 * cap)]
     assert t1["bars"]["before"] == cap  # the sample overflowed tier 1
     assert 0 < t1["bars"]["after migration"] <= 0.6 * cap  # drained to the threshold
-    # Tier 2 is unbounded: no threshold, and both bars on its one scale.
-    assert t2["capacity"] == 0 and not t2["threshold_high"] and not t2["threshold_low"]
-    assert t2["xlim"][1] >= max(t2["bars"].values()) > t2["bars"]["before"] > 0
+    # Tier 2 has the same band, and holds what tier 1 gave up to its top.
+    assert t2["capacity"] == 6 * MiB and t2["xlim"] == [0, 6 * MiB]
+    assert t2["threshold_high"] == [pytest.approx(0.6 * 6 * MiB)]
+    assert 0 < t2["bars"]["before"] < t2["bars"]["after migration"] <= 0.6 * 6 * MiB
+    # Tier 3, the lake, is unbounded: no threshold, both bars on its one scale; the oldest
+    # segments went there.
+    assert t3["capacity"] == 0 and not t3["threshold_high"] and not t3["threshold_low"]
+    assert t3["xlim"][1] >= t3["bars"]["after migration"] > t3["bars"]["before"] == 0
 
 
 def test_explore_shows_the_freshness_order_broken_by_overflow_and_restored(executed):
@@ -115,10 +120,18 @@ def test_explore_charts_each_topics_bytes_per_tier(executed):
     figures = _figures(executed(EXPLORE)[0])
     topics = figures["topic bytes per tier"]["topics"]
     assert set(topics) == {"clicks", "views"}
-    assert all(b > 0 for b in topics["clicks"].values())  # clicks on both tiers
+    assert topics["clicks"]["1"] > 0 and topics["clicks"]["2"] > 0  # clicks on both disks
     # The topics' tier-2 bytes add up to the tier-2 bar of the usage figure (same moment).
     tier2 = figures["tier usage"]["tiers"][1]["bars"]["before"]
     assert sum(t["2"] for t in topics.values()) == tier2
+
+
+def test_explore_shows_each_topics_lake_table_and_reads_one(executed):
+    text = _text(executed(EXPLORE)[0])
+    m = re.search(r"clicks: table version (\d+), (\d+) files, ([\d,]+) rows", text)
+    assert m and int(m[1]) >= 1 and int(m[2]) >= 1
+    rows = [int(n.replace(",", "")) for n in re.findall(r"partition \d: ([\d,]+) rows", text)]
+    assert rows and sum(rows) == int(m[3].replace(",", ""))  # the table read alone agrees
 
 
 def test_tiering_measures_the_burst_beside_pafkas_formula(executed):
