@@ -157,31 +157,6 @@ def fill_band(config: Any) -> tuple[float, float]:
     return low, high
 
 
-def lake_chains(moves: Sequence[Move], is_lake: Callable[[int], bool]) -> list[list[Move]]:
-    """The moves as tasks to run side by side: one each, but a partition's moves to a lake
-    tier (``is_lake(target)``) in one task, in sequence order: a lake takes a partition's
-    segments in order (:mod:`tier_store.lake_table`)."""
-    tasks: list[list[Move]] = []
-    chains: dict[tuple[str, int], list[Move]] = {}
-    for m in moves:
-        if not is_lake(m.target):
-            tasks.append([m])
-            continue
-        p, _ = _id(m.segments[0])
-        if (m.topic, p) not in chains:
-            chains[(m.topic, p)] = []
-            tasks.append(chains[(m.topic, p)])
-        chains[(m.topic, p)].append(m)
-    for ms in chains.values():
-        ms.sort(key=lambda m: _id(m.segments[0])[1])
-    return tasks
-
-
-def _id(segment: str) -> tuple[int, int]:
-    p, seq = segment.split("-")
-    return int(p), int(seq)
-
-
 def plan_compaction(segments: Sequence[SegmentView], shared: int) -> list[Move]:
     """On a store shared by many hosts: every movable segment on a tier below ``shared`` (some
     host's tier 1) to the shared tier ``shared``, one move each, oldest (by ``last_ts``)

@@ -30,8 +30,7 @@ stop it, since every bundle stays until its segment is compacted), the copies re
 chunks from their bundles, and step 5 also deletes the bundles no committed chunk names and
 evicts this host's own tier 1 (:meth:`tier_store.Store.evict_local`). Retention is as above.
 
-A LAKE last tier takes a partition's segments in sequence order, one demotion after another;
-nothing is planned out of it (:mod:`tier_store.maintenance.demote`).
+Nothing is planned out of a LAKE tier (see :mod:`tier_store.maintenance.demote`).
 
 A segment whose file cannot be read (gone with a tier on RAM after a reboot, or corrupt)
 affects only itself: its move is skipped with a warning naming it, it is not planned again for
@@ -220,7 +219,7 @@ class MigrationService:
         for name in self.store.topics():
             try:
                 ids = self.store.topic(name).apply_retention()
-                apply_lake_retention(self.store.topic(name))
+                self._lake_retention(name)
             except Exception as e:  # one topic's trouble stops no other
                 log.warning("topic %s: applying retention failed: %s: %s", name,
                             type(e).__name__, e)
@@ -233,6 +232,12 @@ class MigrationService:
             log.info("retention deleted %d segments: %s", n, ", ".join(
                 f"{name}/{sid}" for name, ids in deleted.items() for sid in ids))
         return deleted
+
+    def _lake_retention(self, name: str) -> None:
+        try:  # the log's retention is done whatever happens here; the table's waits a run
+            apply_lake_retention(self.store.topic(name))
+        except Exception as e:
+            log.warning("topic %s: lake retention failed: %s: %s", name, type(e).__name__, e)
 
     def _collect_garbage(self, last: bool = False) -> None:
         """Reclaim files past their grace; on a run's ``last`` pass on a shared store, also
@@ -278,25 +283,20 @@ class MigrationService:
         throttle = Throttle(self.store.config["storage.migrate.bytes.per.second"])
         threads = self.store.config["storage.migrate.threads"]
 
-        def run(chain: list[Move]) -> list[MoveResult]:
-            # One move, or a partition's moves to a lake, in order: one failed stops the rest.
-            out: list[MoveResult] = []
-            for m in chain:
-                r, unreadable = self._move(m, throttle)
-                if r is not None:
-                    out.append(r)
-                    continue
-                if unreadable and len(m.segments) > 1:
-                    # A merge with an unreadable source: only that one stays behind.
-                    singles = (self._move(dataclasses.replace(m, segments=(sid,)), throttle)[0]
-                               for sid in m.segments)
-                    out += [x for x in singles if x is not None]
-                break
-            return out
+        def one(m: Move) -> list[MoveResult]:
+            r, unreadable = self._move(m, throttle)
+            if r is not None:
+                return [r]
+            if not unreadable or len(m.segments) == 1:
+                return []
+            # A merge with an unreadable source: move the sources one by one, so that only
+            # the unreadable one stays behind (and waits out its back-off).
+            singles = (self._move(dataclasses.replace(m, segments=(sid,)), throttle)[0]
+                       for sid in m.segments)
+            return [x for x in singles if x is not None]
 
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pafka-migrate") as ex:
-            chains = policy.lake_chains(moves, lambda n: self.store.tier(n).is_lake)
-            results = list(ex.map(run, chains))
+            results = list(ex.map(one, moves))
         done = []
         for rs in results:
             if not rs:

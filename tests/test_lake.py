@@ -16,8 +16,8 @@ from tier_store.lake import (
     LakeFile,
     build_file,
     decode_groups,
-    file_rel,
     decode_timed,
+    file_rel,
     table_schema,
     write_local,
 )
@@ -33,7 +33,7 @@ def runs(base: int, batches: int, rows: int, ts: int = TS):
         at = base + i * rows
         keys = np.arange(at, at + rows)
         out.append((pa.record_batch([pa.array(keys), pa.array([f"v{k}" for k in keys])],
-                                    schema=SCHEMA), at, ts + i))
+                                    schema=SCHEMA), at, ts + i, True))
     return out
 
 
@@ -43,7 +43,7 @@ def fetch(data: pa.Buffer, f: LakeFile, groups):
 
 
 def test_a_file_holds_its_offsets_in_row_groups_the_log_can_name(tmp_path):
-    f, data = build_file(SCHEMA, 3, runs(1000, 40, 500), group_bytes=64 << 10)
+    f, data = build_file(SCHEMA, 3, (1000, 21000), runs(1000, 40, 500), group_bytes=64 << 10)
     assert f.rel == file_rel(3, 1000, 21000) == "_partition=3/00000000000000001000-" \
         "00000000000000021000.parquet"
     assert len(f.groups) > 3 and (f.base, f.end) == (1000, 21000)
@@ -68,7 +68,7 @@ def test_a_file_holds_its_offsets_in_row_groups_the_log_can_name(tmp_path):
 
 
 def test_a_damaged_or_swapped_file_is_corrupt_never_wrong_rows(tmp_path):
-    f, data = build_file(SCHEMA, 0, runs(0, 20, 500), group_bytes=32 << 10)
+    f, data = build_file(SCHEMA, 0, (0, 0), runs(0, 20, 500), group_bytes=32 << 10)
     g = f.groups[1]
     footer, parts = fetch(data, f, [g])
     raw = bytearray(parts[0][1].to_pybytes())
@@ -80,7 +80,7 @@ def test_a_damaged_or_swapped_file_is_corrupt_never_wrong_rows(tmp_path):
     with pytest.raises(CorruptSegment, match="footer"):
         decode_groups("x", f, pa.py_buffer(bytes(bad_footer)), parts, SCHEMA)
     # Another file's bytes under the same name (same sizes, other offsets): checksums differ.
-    other, odata = build_file(SCHEMA, 0, runs(10_000, 20, 500), group_bytes=32 << 10)
+    other, odata = build_file(SCHEMA, 0, (1, 1), runs(10_000, 20, 500), group_bytes=32 << 10)
     ofooter, oparts = fetch(odata, other, [other.groups[1]])
     with pytest.raises(CorruptSegment):
         decode_groups("x", f, ofooter, [(g, oparts[0][1])], SCHEMA)
@@ -95,9 +95,9 @@ def test_a_damaged_or_swapped_file_is_corrupt_never_wrong_rows(tmp_path):
 
 def test_rows_go_in_offset_order_a_gap_starts_a_group_and_lake_columns_are_reserved():
     with pytest.raises(PafkaError, match="offset 400 came after 500"):
-        build_file(SCHEMA, 0, [*runs(0, 1, 500), *runs(400, 1, 10)])
+        build_file(SCHEMA, 0, (0, 1), [*runs(0, 1, 500), *runs(400, 1, 10)])
     # Another writer's segment holds [500, 600): the file's groups each hold a run.
-    f, _ = build_file(SCHEMA, 0, [*runs(0, 1, 500), *runs(600, 1, 10)])
+    f, _ = build_file(SCHEMA, 0, (0, 1), [*runs(0, 1, 500), *runs(600, 1, 10)])
     assert [(g.base, g.records) for g in f.groups] == [(0, 500), (600, 10)]
     assert (f.base, f.end) == (0, 610)
     with pytest.raises(PafkaError, match="_offset"):
@@ -105,7 +105,8 @@ def test_rows_go_in_offset_order_a_gap_starts_a_group_and_lake_columns_are_reser
 
 
 def _write_and_add(table, root, partition, base, txn, batches=4, rows=250):
-    f, data = build_file(SCHEMA, partition, runs(base, batches, rows), group_bytes=8 << 10)
+    f, data = build_file(SCHEMA, partition, (txn - 1, txn - 1), runs(base, batches, rows),
+                         group_bytes=8 << 10)
     write_local(os.path.join(table.uri, f.rel), data)
     return f, table.add(partition, f, TS, TS + batches - 1, txn)
 
@@ -119,12 +120,11 @@ def test_demotions_commit_once_each_and_engines_read_the_table(tmp_path):
     f2, v2 = _write_and_add(table, tmp_path, 0, 1000, 3)
     assert (v0, v1, v2) == (1, 2, 3)  # version 0 created the table
     assert table.committed_version(0) == 3 and table.committed_version(1) == 1
-    # A demotion the table holds already, or one before it, is refused: no row twice.
-    f, data = build_file(SCHEMA, 0, runs(1000, 4, 250), group_bytes=8 << 10)
-    for txn in (2, 3):
-        with pytest.raises(PafkaError, match="would add rows twice"):
-            table.add(0, f, TS, TS, txn)
-    assert deltalake.DeltaTable(table.uri).version() == 3 == table.version()
+    assert table.held(0) == {(0, 0): f0.rel, (2, 2): f2.rel} and table.held(1) == {(0, 0): f1.rel}
+    # A file added again (a demotion retried by another process) is still counted once:
+    # Delta keys files by path.
+    assert table.add(0, f2, TS, TS, 3) == 4
+    assert deltalake.DeltaTable(table.uri).version() == 4 == table.version()
 
     # delta-rs: every row once, with the lake's columns.
     got = deltalake.DeltaTable(table.uri).to_pyarrow_table()

@@ -169,7 +169,7 @@ def test_a_damaged_lake_file_is_corrupt_naming_it_never_a_wrong_row(tmp_path):
     _fill(t, partitions=1)
     MigrationService(s).run_once()
     seg = next(x for x in t.segments() if x.tier == 2)
-    path = s.tier(2).file_path("t", t.id, 0, seg.base_offset, seg.end_offset)
+    path = seg.path
     rows = t.state().part(0).chunks.segment_rows(int(seg.id.split("-")[1]))
     pos = int(rows["pos"][0]) + int(rows["length"][0]) // 2
     with open(path, "r+b") as f:
@@ -381,3 +381,34 @@ def test_delete_topic_keeps_the_table_unless_purged(tmp_path):
     out = pafka("delete-topic", root, "purged", "--purge-lake")
     assert f"its lake table {uris['purged']} was deleted" in out.stdout, out.stderr
     assert not os.path.exists(uris["purged"])
+
+
+def test_demotions_go_in_any_order_and_a_committed_run_is_published_first(tmp_path):
+    # What the table holds is read from its files: a later segment may go first, and a run
+    # committed to the table before a crash is published alone when planned with more.
+    from tier_store.maintenance.demote import demote
+    s = _lake_store(tmp_path / "s", **{"storage.migrate.threshold": -1,
+                                       "storage.tiers.1.sizes": "4m"})
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, batches=200, partitions=1)
+    want = _log_view(t, 0)
+    sealed = sorted((x for x in t.segments() if x.sealed), key=lambda x: x.base_offset)
+    assert len(sealed) >= 4
+    a, b, c, d = sealed[:4]
+    assert s.move_segment(b.id, 2, topic="t").to_tier == 2  # b before a
+    assert s.move_segment(a.id, 2, topic="t").to_tier == 2
+    # c's file committed to the table, its move never published (a crash between the two).
+    with t.snapshot() as st:
+        seg_c = st.segments[c.id]
+        rows = st.part(0).chunks.segment_rows(seg_c.seq)
+        demote(t, s.tier(2), [seg_c], rows)
+    assert [x.tier for x in t.segments() if x.id == c.id] == [1]
+    # Planned now with d: c goes alone, on its committed file; then d.
+    r = s.move_segment(c.id, 2, merge_with=[d.id], topic="t")
+    assert r.sources == (c.id,)
+    assert s.move_segment(d.id, 2, topic="t").sources == (d.id,)
+    assert _log_view(Store.open(str(tmp_path / "s")).topic("t"), 0) == want
+    table = _table(s, t).to_pyarrow_table()
+    offsets = table.column("_offset").to_pylist()
+    assert len(offsets) == len(set(offsets)) == sum(x.records for x in (a, b, c, d))
+    assert check_topic(t).ok

@@ -171,16 +171,16 @@ class ConfigEntry(Entry):
 
 
 class LakeRecord(NamedTuple):
-    """A segment demoted to a lake tier: its Parquet file's size, the byte range and xxh3-64
-    of the file's footer, and the version of the Delta table that added it. The file's path
-    follows from the partition and offsets (:func:`tier_store.lake.file_rel`); its row groups
-    are the segment's chunks."""
+    """A segment in a lake: its Parquet file's size, footer range and xxh3-64, a version of
+    the table holding it, and its last source's sequence (the path: partition, first and last
+    source, :func:`tier_store.lake.file_rel`). Its row groups are the segment's chunks."""
 
     size: int
     footer_pos: int
     footer_length: int
     footer_checksum: int
     version: int
+    last_seq: int
 
 
 @dataclass(frozen=True)
@@ -391,6 +391,9 @@ def _check_fields(e: Entry) -> None:
         if e.lake is not None:
             if not e.chunks:
                 raise ValueError("a move to a lake names no row group")
+            if (e.seq, e.lake.last_seq) != (min(e.sources), max(e.sources)):
+                raise ValueError(f"a lake file of segments {e.seq}..{e.lake.last_seq} is "
+                                 f"named for sources {list(e.sources)}")
             if any(c.tier != e.tier or c.seq != e.seq or c.pos + c.length > e.lake.footer_pos
                    for c in e.chunks):
                 raise ValueError("a row group of the lake file lies outside it or is named "

@@ -7,11 +7,11 @@ created again never shares its namesake's table. The table holds the topic's col
 engine prunes by partition from the path alone. Statistics on ``_offset`` and
 ``_timestamp`` let engines seek by offset or time.
 
-A demoted run of segments becomes one file, ``_partition=<p>/<base>-<end>.parquet`` (its
-first offset and the offset after its last, 20 digits each): the name is a function of what
-it holds, so a demotion retried after a crash writes the same file again. The file is built
-in memory and written whole. Its row groups each hold a run of offsets; the log records,
-per row group, its byte range, offsets and xxh3-64 (a :class:`LakeGroup`, stored like a
+A demoted run of segments becomes one file, ``_partition=<p>/<first>-<last>.parquet``: the
+sequence numbers of its first and last source segment, 20 digits each. Two different runs
+never share a name, and a demotion retried after a crash builds the same bytes again. The
+file is built in memory and written whole. Its row groups each hold a run of offsets; the
+log records, per row group, its byte range, offsets and xxh3-64 (a :class:`LakeGroup`, stored like a
 chunk), and for the file its footer's range and xxh3-64. A read fetches the footer and the
 row groups it needs, checks both against the log before Parquet sees a byte, and checks the
 ``_offset`` column holds exactly the offsets the log names: a damaged or swapped file is
@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,16 +83,30 @@ class LakeFile:
 
 
 def table_name(topic: str, topic_id: str) -> str:
-    """The directory of a topic incarnation's table under the lake's root."""
+    """The directory of a topic incarnation's table under the lake's root (a path built from
+    a checked name and a checked id only)."""
     if not topic_id:
         raise PafkaError(f"topic {topic!r} has no id (created by an old release): its "
                          "history cannot go to a lake table")
+    if not re.fullmatch(r"[0-9a-f]{32}", topic_id):
+        raise PafkaError(f"topic {topic!r}: its id {topic_id!r} is not 32 hex digits; its lake "
+                         "table is not named from it")
     return f"{topic}-{topic_id}"
 
 
-def file_rel(partition: int, base: int, end: int) -> str:
-    """The path, in its table, of the file holding offsets ``[base, end)`` of ``partition``."""
-    return f"{PARTITION}={partition}/{base:020d}-{end:020d}.parquet"
+def file_rel(partition: int, first: int, last: int) -> str:
+    """The path, in its table, of the file of ``partition``'s segments ``first`` to ``last``
+    (sequence numbers)."""
+    return f"{PARTITION}={partition}/{first:020d}-{last:020d}.parquet"
+
+
+_REL = re.compile(r"\A_partition=(\d{1,9})/(\d{20})-(\d{20})\.parquet\Z")
+
+
+def parse_rel(rel: str) -> tuple[int, int, int] | None:
+    """(partition, first, last) of a file name :func:`file_rel` makes; None for another."""
+    m = _REL.match(rel)
+    return None if m is None else (int(m[1]), int(m[2]), int(m[3]))
 
 
 def table_schema(schema: pa.Schema) -> pa.Schema:
@@ -111,13 +126,15 @@ def _file_schema(schema: pa.Schema) -> pa.Schema:
                       pa.field(TIMESTAMP, pa.timestamp("ms", tz="UTC"), nullable=False)])
 
 
-def build_file(schema: pa.Schema, partition: int,
-               runs: Iterable[tuple[pa.RecordBatch, int, int]],
+def build_file(schema: pa.Schema, partition: int, seqs: tuple[int, int],
+               runs: Iterable[tuple[pa.RecordBatch, int, int, bool]],
                group_bytes: int = GROUP_BYTES, compression: str = "zstd"
                ) -> tuple[LakeFile, pa.Buffer]:
-    """The lake file of ``runs`` (``(batch, first offset, commit time ms)`` in offset order):
-    its record and its bytes. Row groups end at a batch's end once they hold ``group_bytes``,
-    and at a gap in the offsets (another writer's segment holds those): each holds a run."""
+    """The lake file of segments ``seqs`` (first, last) of ``partition``, from ``runs``
+    (``(batch, first offset, commit time ms, whether a chunk ends with it)``, in offset order):
+    its record and its bytes. Row groups end at a chunk's end once they hold ``group_bytes``,
+    and at a gap in the offsets (another writer's segment holds those): each holds a run of
+    whole chunks, as the log names it."""
     fschema = _file_schema(schema)
     sink = pa.BufferOutputStream()
     spans: list[tuple[int, int, int]] = []  # per row group: base, records, latest commit time
@@ -134,14 +151,14 @@ def build_file(schema: pa.Schema, partition: int,
                 spans.append((group_base, table.num_rows, group_ts))
                 pending, pending_bytes = [], 0
 
-        for batch, base, ts in runs:
+        for batch, base, ts, chunk_end in runs:
             if nxt >= 0 and base < nxt:
                 raise PafkaError(f"partition {partition}: a lake file's rows go in offset "
                                  f"order; offset {base} came after {nxt}")
             if not batch.num_rows:
                 continue
             if base != nxt:
-                flush()
+                flush()  # a gap: the chunk before it ended there
             if not pending:
                 group_base, group_ts = base, ts
             n = batch.num_rows
@@ -151,13 +168,13 @@ def build_file(schema: pa.Schema, partition: int,
             pending_bytes += batch.nbytes
             group_ts = max(group_ts, ts)
             nxt = base + n
-            if pending_bytes >= group_bytes:
+            if chunk_end and pending_bytes >= group_bytes:
                 flush()
         flush()
     if not spans:
         raise PafkaError(f"partition {partition}: a lake file needs one record at least")
     data = sink.getvalue()
-    return _describe(data, spans, file_rel(partition, spans[0][0], nxt)), data
+    return _describe(data, spans, file_rel(partition, *seqs)), data
 
 
 def _describe(data: pa.Buffer, spans: Sequence[tuple[int, int, int]], rel: str) -> LakeFile:
@@ -305,4 +322,5 @@ def write_local(path: str, data: pa.Buffer) -> None:
 
 
 __all__ = ["GROUP_BYTES", "LAKE_COLUMNS", "LakeFile", "LakeGroup", "add_stats", "build_file",
-           "decode_groups", "decode_timed", "file_rel", "table_name", "table_schema", "write_local"]
+           "decode_groups", "decode_timed", "file_rel", "parse_rel", "table_name", "table_schema",
+           "write_local"]

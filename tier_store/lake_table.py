@@ -2,14 +2,11 @@
 
 pafka writes the table's files itself (:mod:`tier_store.lake`) and commits them with one add
 action each. Each commit carries an application transaction: app id
-``pafka-<topic id>-<partition>``, version the last demoted segment's sequence + 1 (segments
-of a partition are demoted in sequence order; offsets may interleave between segments when
-several processes write, sequences do not). delta-rs does not refuse a version that is not
-higher than the last, so :meth:`LakeTable.add` checks it on the snapshot it commits from:
-rows the table holds already are never added again. A commit
-racing another of the same app id fails in delta-rs's conflict check (both read the same
-snapshot); one committer per partition is the rule (the migration service's topic lock), the
-check its backstop.
+``pafka-<topic id>-<partition>``, version the last source segment's sequence + 1. What the
+table holds is decided by its files, not by that version: a file is named by the source
+segments it holds (:func:`tier_store.lake.file_rel`), and Delta keys files by path, so a
+file is added at most once whoever commits it, and demotions may go in any order. Commits
+racing each other are rebased by delta-rs (appends do not conflict).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from .errors import PafkaError
-from .lake import PARTITION, LakeFile, add_stats, table_name, table_schema
+from .lake import PARTITION, LakeFile, add_stats, parse_rel, table_name, table_schema
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +64,18 @@ class LakeTable:
             name=self.topic, description=f"pafka topic {self.topic!r} ({self.topic_id})",
             configuration={"delta.dataSkippingStatsColumns": "_offset,_timestamp"},
             storage_options=self.storage_options)
+
+    def held(self, partition: int) -> dict[tuple[int, int], str]:
+        """The files of ``partition`` the table holds, by (first, last) source sequence."""
+        dt = self._open()
+        if dt is None:
+            return {}
+        out = {}
+        for path in pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist():
+            got = parse_rel(path)
+            if got is not None and got[0] == partition:
+                out[(got[1], got[2])] = path
+        return out
 
     def committed_version(self, partition: int) -> int:
         """The transaction version of ``partition``'s last demotion (its last segment's
@@ -139,18 +148,14 @@ class LakeTable:
         return -1 if dt is None else int(dt.version())
 
     def add(self, partition: int, f: LakeFile, min_ts: int, max_ts: int, txn: int) -> int:
-        """Commit file ``f`` (written already) of ``partition`` as its demotion ``txn``;
-        returns the table version that added it. A ``txn`` not past the partition's last is
-        refused: the table holds that run already."""
+        """Commit file ``f`` (written already) of ``partition`` with transaction version
+        ``txn``; returns the table version that added it. Delta keys files by path: a file
+        the table holds already is not added again (a commit racing ours adds it at most once
+        too, delta-rs rebasing ours on it)."""
         dl = _deltalake()
         from deltalake.transaction import AddAction, CommitProperties, Transaction
         dt = self._open(create=True)
         app = app_id(self.topic_id, partition)
-        done = dt.transaction_version(app) or 0
-        if done >= txn:
-            raise PafkaError(f"{self}: partition {partition}'s demotions reached {done}; "
-                             f"demotion {txn} (offsets [{f.base}, {f.end})) would add rows "
-                             "twice")
         before = dt.version()
         action = AddAction(f.rel, f.size, {PARTITION: str(partition)}, int(time.time() * 1000),
                            True, add_stats(f, min_ts, max_ts))
@@ -158,10 +163,10 @@ class LakeTable:
             dt.create_write_transaction(
                 [action], mode="append", schema=self.schema, partition_by=[PARTITION],
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(app, txn)], max_commit_retries=0))
+                    app_transactions=[Transaction(app, txn)]))
         except dl.exceptions.CommitFailedError as e:
-            raise PafkaError(f"{self}: another commit of partition {partition} landed first "
-                             f"({e}); the demotion is tried again later") from None
+            raise PafkaError(f"{self}: the commit of {f.rel} failed ({e}); the demotion is "
+                             "tried again later") from None
         return self._version_of(app, txn, before)
 
     def _version_of(self, app: str, end: int, after: int) -> int:

@@ -348,6 +348,8 @@ def _read_lake(plan: ReadPlan, c: PlannedChunk,
     where = (f"topic {plan.topic!r} partition {plan.partition}: offsets [{c.base}, "
              f"{c.base + c.records}) in {c.path}")
     try:
+        if c.pos + c.length > lake.footer_pos:
+            raise CorruptSegment(f"{where}: the log names a row group past the file's footer")
         # A local file is mapped whole (what a plan reads of it stays mapped, as a segment's
         # does) and Parquet reads the mapping natively; a remote one, only the ranges needed.
         got = files.get(c.path)

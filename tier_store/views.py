@@ -76,7 +76,8 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
         t = store.tier(tier)
         if t.is_lake:
             seg = st.part(p).segments[seq]
-            return t.file_path(topic, st.topic_id, p, seg.base, seg.end)  # type: ignore[attr-defined]
+            last = seg.lake.last_seq if seg.lake is not None else seq
+            return t.file_path(topic, st.topic_id, p, seq, last)  # type: ignore[attr-defined]
         where = dirs.get(tier)
         if where is None:
             where = dirs[tier] = topic_dir(store.tier(tier).path, topic)
@@ -187,7 +188,8 @@ def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
             if tier.is_lake:  # its Parquet file, sealed and settled for good
                 out.append(SegmentInfo(
                     s.id, topic, p, s.base, s.end, s.records, s.bytes, s.chunks, s.tier, "LAKE",
-                    tier.file_path(topic, st.topic_id, p, s.base, s.end),  # type: ignore
+                    tier.file_path(topic, st.topic_id, p, s.seq,  # type: ignore
+                                   s.lake.last_seq if s.lake else s.seq),
                     True, s.first_ts, s.last_ts, True, s.bytes))
                 continue
             path = tier.segment_path(topic, p, s.seq)

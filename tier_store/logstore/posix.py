@@ -113,10 +113,18 @@ class PosixLogStore(PosixPieces, LogStore):
     # -- entries --------------------------------------------------------------------------
     def put_if_absent(self, version: int, data: bytes) -> bool:
         self.check_incarnation()
-        if self._dir_fd >= 0:
-            linked = self._put_unnamed(version, data)
-            if linked is not None:
-                return linked
+        try:
+            linked = put_unnamed(self._dir_fd, entry_name(version), data)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise self._full(f"entry {version} was not published", e) from None
+        if linked is not None:
+            if linked:
+                crash_point("log.publish.linked")
+                os.fsync(self._dir_fd)
+                self.check_incarnation()  # published into a deleted topic's: seen nowhere
+            return linked
         try:
             tmp = write_temp(self.path, data)  # removed again if the write fails
         except FileNotFoundError:
@@ -149,36 +157,6 @@ class PosixLogStore(PosixPieces, LogStore):
             fsync_dir(self.path)
         # Published into a deleted topic's directory: it is visible nowhere.
         self.check_incarnation()
-        return True
-
-    def _put_unnamed(self, version: int, data: bytes) -> bool | None:
-        """:meth:`put_if_absent` through a file with no name until it is linked as the entry
-        (O_TMPFILE): no temporary name is made and removed per commit, and a crash leaves no
-        file. None where the filesystem or /proc cannot (then a named temporary file)."""
-        try:
-            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=self._dir_fd)
-        except (OSError, AttributeError):
-            return None
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-            crash_point("log.publish.tmp")
-            os.link(f"/proc/self/fd/{fd}", entry_name(version), dst_dir_fd=self._dir_fd)
-        except FileExistsError:
-            return False
-        except FileNotFoundError:
-            return None  # no /proc here
-        except OSError as e:
-            if e.errno not in NO_SPACE:
-                raise
-            raise self._full(f"entry {version} was not published", e) from None
-        finally:
-            os.close(fd)
-        crash_point("log.publish.linked")
-        os.fsync(self._dir_fd)
-        self.check_incarnation()  # published into a deleted topic's directory: seen nowhere
         return True
 
     def read(self, version: int) -> bytes | None:
@@ -383,3 +361,30 @@ def filesystem_of(path: str) -> tuple[str, int | None]:
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view):]
+
+def put_unnamed(dir_fd: int, name: str, data: bytes) -> bool | None:
+    """Create ``name`` in directory ``dir_fd`` holding ``data`` (fsynced) iff it is absent,
+    through a file with no name until it is linked (O_TMPFILE): no temporary name is made and
+    removed per entry, and a crash leaves no file. Each name made and removed stays in the
+    kernel's dentry cache until memory runs short, slowing every lookup as a log grows old.
+    True if linked, False if ``name`` existed, None where the filesystem or /proc cannot."""
+    if dir_fd < 0:
+        return None
+    try:
+        fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dir_fd)
+    except (OSError, AttributeError):
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        crash_point("log.publish.tmp")
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        return None  # no /proc here
+    finally:
+        os.close(fd)
+    return True

@@ -151,7 +151,11 @@ def _check_lake(topic: Topic, st: TopicState, seg: SegmentState, rows: Any, veri
     its footer and each row group match their checksums and hold their offsets."""
     from ..lake import LakeFile, LakeGroup, decode_groups
     tier, lake = topic.store.tier(seg.tier), seg.lake
-    path = tier.file_path(topic.name, st.topic_id, seg.partition, seg.base, seg.end)
+    if lake is None:
+        report.problems.append(f"segment {seg.id} is on lake tier {seg.tier}, but the log "
+                               "names no lake file for it")
+        return
+    path = tier.file_path(topic.name, st.topic_id, seg.partition, seg.seq, lake.last_seq)
     try:
         size = tier.file_size(path)
     except FileNotFoundError:
@@ -161,9 +165,8 @@ def _check_lake(topic: Topic, st: TopicState, seg: SegmentState, rows: Any, veri
     except CorruptSegment as e:
         report.problems.append(str(e))
         return
-    if lake is None or size != lake.size:
-        report.problems.append(f"{path}: {size} bytes, the log names "
-                               f"{lake.size if lake else 'no lake file'}")
+    if size != lake.size:
+        report.problems.append(f"{path}: {size} bytes, the log names {lake.size}")
         return
     report.chunks += len(rows)
     if not verify or st.schema is None:

@@ -3,18 +3,21 @@ topic's Delta table, then one ``move`` entry names its row groups as their chunk
 
 1. **Read** the committed chunks, each checked against its checksum, and decode them.
 2. **Build** the file in memory (:func:`tier_store.lake.build_file`): its name is a function
-   of the partition and offsets, and its bytes of the rows, so a retry builds it again.
+   of the partition and the source segments (first and last sequence), and its bytes of the
+   rows, so a retry builds the same file again.
 3. **Write** it whole to the table's directory (durable, or one object PUT).
-4. **Commit** it to the table: one Delta commit, carrying transaction
-   (``pafka-<topic id>-<partition>``, last source's sequence + 1). Demotions of a partition
-   go in sequence order, so that version says which segments the table holds.
+4. **Commit** it to the table: one Delta commit of one add action, carrying transaction
+   (``pafka-<topic id>-<partition>``, last source's sequence + 1).
 5. **Publish** the ``move`` entry, naming the file and its row groups.
 
-A crash before 4 leaves a file no table version names (the next attempt writes it again). A
-crash after 4 leaves both copies, consistent: the table holds the rows, the log still names
-the segment files. The retry finds its transaction committed and the same bytes in place,
-and goes straight to 5: never a second add of the same rows. The sources' files become
-tombstones, as after any move.
+What the table holds is read from its files, never inferred: a file holds the segments its
+name says, and Delta keys files by path, so the same file is never counted twice. A crash
+before 4 leaves a file no table version names (the next attempt writes it again). A crash
+after 4 leaves both copies, consistent: the table holds the rows, the log still names the
+segment files. The retry finds the file in the table with the same bytes as it builds, and
+goes straight to 5. Planned meanwhile with more segments, it publishes the committed run
+first. Any other overlap with the table's files leaves the segments where they are, never
+adding rows twice. The sources' files become tombstones, as after any move.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ..conflicts import Requirement
 from ..crash import crash_point
 from ..entries import ChunkRecord, LakeRecord
 from ..errors import CommitConflict, CorruptSegment, SegmentNotMovable
-from ..lake import LakeFile, build_file
+from ..lake import build_file
 from ..lake_table import LakeTable
 from ..layout import segment_id
 from .bundles import source_chunks
@@ -63,50 +66,59 @@ def lake_summary(topic: Topic) -> dict[str, Any] | None:
 
 
 def demote(topic: Topic, target: LakeTier, segs: Sequence[SegmentState], rows: np.ndarray
-           ) -> tuple[list[ChunkRecord], LakeRecord]:
+           ) -> tuple[list[SegmentState], list[ChunkRecord], LakeRecord]:
     """Write and commit the lake file of segments ``segs`` (one partition, sequence order;
-    ``rows``: their committed chunks, in offset order) on ``target``. Returns the chunks
-    (row groups) and the record the move entry names."""
-    p, seq = segs[0].partition, segs[0].seq
+    ``rows``: their committed chunks, in offset order) on ``target``. Returns the segments
+    it holds (``segs``, or the first of them when the table holds a file of those already:
+    a run committed before a crash, then planned with more), the chunks (row groups) and the
+    record the move entry names."""
+    p = segs[0].partition
     table = lake_table(topic, target)
-    txn = max(s.seq for s in segs) + 1
-    done = table.committed_version(p)
-    if segs[0].seq < done < txn:
-        raise SegmentNotMovable(
-            f"topic {topic.name!r}: the lake table holds segments of partition {p} up to "
-            f"sequence {done - 1}, inside the run {[s.id for s in segs]}: demote them one by "
-            "one")
-    bufs = source_chunks(topic, segs, rows)
-    f, data = build_file(topic.schema, p, _runs(topic, p, rows, bufs))
-    path = target.file_path(topic.name, topic.id, p, f.base, f.end)
-    if done >= txn:
-        # A retry after a crash past the commit: the table holds this run already. Its file
-        # must be exactly the one built now, or the log could name bytes the table lacks.
-        held = target.read_range(path, 0, data.size) if target.exists(path) else None
-        if held is None or held.size != data.size or checksum(held) != checksum(data):
+    first, last = segs[0].seq, segs[-1].seq
+    held = [run for run in table.held(p) if run[0] <= last and first <= run[1]]
+    if held and held != [(first, last)]:
+        run = held[0]
+        if len(held) > 1 or run[0] != first or run[1] > last:
             raise SegmentNotMovable(
-                f"topic {topic.name!r}: the lake table's transaction for partition {p} is "
-                f"past segment {segment_id(p, seq)}, but {path} does not hold its rows as "
-                "built now; it stays where it is")
+                f"topic {topic.name!r}: the lake table holds files of segments "
+                f"{sorted(held)} of partition {p}, across the run {[s.id for s in segs]}; "
+                "those segments stay where they are")
+        # A run committed before a crash, planned now with more: that run goes first.
+        segs = [s for s in segs if s.seq <= run[1]]
+        rows = rows[np.isin(rows["seq"], [s.seq for s in segs])]
+        last = run[1]
+    bufs = source_chunks(topic, segs, rows)
+    f, data = build_file(topic.schema, p, (first, last), _runs(topic, p, rows, bufs))
+    path = target.file_path(topic.name, topic.id, p, first, last)
+    if held:
+        # A retry after a crash past the commit: the table holds this run. Its file must be
+        # exactly the one built now, or the log would name bytes the table does not hold.
+        have = target.read_range(path, 0, data.size) if target.exists(path) else None
+        if have is None or have.size != data.size or checksum(have) != checksum(data):
+            raise SegmentNotMovable(
+                f"topic {topic.name!r}: the lake table holds {path}, but not with the rows "
+                f"of segments {[s.id for s in segs]} as built now; they stay where they are")
         version = table.version()
         log.info("%s: the table holds %s already (a retried demotion)", table, path)
     else:
         target.write_file(path, data)
         crash_point("lake.written")
         ts = rows["ts"]
-        version = table.add(p, f, int(ts.min()), int(ts.max()), txn)
+        version = table.add(p, f, int(ts.min()), int(ts.max()), last + 1)
         crash_point("lake.committed")
-    chunks = [ChunkRecord(p, seq, target.number, g.pos, g.length, g.base, g.records, g.checksum)
-              for g in f.groups]
-    return chunks, _record(f, version)
+    chunks = [ChunkRecord(p, first, target.number, g.pos, g.length, g.base, g.records,
+                          g.checksum) for g in f.groups]
+    return list(segs), chunks, LakeRecord(f.size, f.footer_pos, f.footer_length,
+                                          f.footer_checksum, version, last)
 
 
 def demote_and_publish(topic: Topic, target: LakeTier, segs: Sequence[SegmentState],
-                       rows: np.ndarray, seen: Requirement) -> bool:
+                       rows: np.ndarray, seen: Requirement) -> list[SegmentState] | None:
     """:func:`demote`, then publish the move entry if ``seen`` (the sources as planned)
-    still holds; False if it lost a race (the caller plans again: the table keeps what it
-    committed, and the retry finds it there)."""
-    chunks, lake = demote(topic, target, segs, rows)
+    still holds; returns the segments moved (``segs`` or their first ones), None if it lost
+    a race (the caller plans again: the table keeps what it committed, and the retry finds
+    it there)."""
+    segs, chunks, lake = demote(topic, target, segs, rows)
     try:
         topic.replace_segments(segs[0].partition, [s.seq for s in segs], segs[0].seq,
                                target.number, chunks, requirements=[seen],
@@ -114,17 +126,14 @@ def demote_and_publish(topic: Topic, target: LakeTier, segs: Sequence[SegmentSta
     except CommitConflict as e:
         log.info("topic %s: demotion of %s lost a race (%s); retrying", topic.name,
                  [s.id for s in segs], e)
-        return False
-    return True
-
-
-def _record(f: LakeFile, version: int) -> LakeRecord:
-    return LakeRecord(f.size, f.footer_pos, f.footer_length, f.footer_checksum, version)
+        return None
+    return segs
 
 
 def _runs(topic: Topic, p: int, rows: np.ndarray, bufs: list[pa.Buffer]
-          ) -> Iterator[tuple[pa.RecordBatch, int, int]]:
-    """(batch, first offset, commit time) of each chunk's batches, decoded and checked."""
+          ) -> Iterator[tuple[pa.RecordBatch, int, int, bool]]:
+    """(batch, first offset, commit time, whether its chunk ends with it) of each chunk's
+    batches, decoded and checked."""
     decoder = ChunkDecoder(check=True)
     for r, buf in zip(rows, bufs, strict=True):
         base, ts = int(r["base"]), int(r["ts"])
@@ -134,8 +143,8 @@ def _runs(topic: Topic, p: int, rows: np.ndarray, bufs: list[pa.Buffer]
                 not b.schema.equals(topic.schema) for b in batches):
             raise CorruptSegment(f"{where}: the chunk does not hold the {int(r['records'])} "
                                  "records of the topic's schema its log entry names")
-        for b in batches:
-            yield b, base, ts
+        for i, b in enumerate(batches):
+            yield b, base, ts, i == len(batches) - 1
             base += b.num_rows
 
 

@@ -19,6 +19,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+from ..conflicts import SegmentsUnchanged, planned
 from .demote import lake_table
 
 if TYPE_CHECKING:
@@ -41,12 +42,21 @@ def apply_lake_retention(topic: Topic, now_ms: int | None = None) -> int:
     if not ends:
         return 0
     # The log first: a lake segment it names below a cut goes from it before its file does.
+    # A partition whose log holds anything else below its cut (a segment not in the lake, or
+    # one across the cut) waits: its file could not go whole.
     with topic.snapshot() as st:
-        named = [s.id for s in st.segments.values()
-                 if s.partition in ends and st.segments[s.id].lake is not None
-                 and s.end <= ends[s.partition]]
+        below = {p: [s for s in st.partition_segments(p) if s.base < end]
+                 for p, end in ends.items()}
+        for p, segs in below.items():
+            if any(s.lake is None or s.end > ends[p] for s in segs):
+                del ends[p]
+        named = [s for p in ends for s in below[p]]
+        seen = SegmentsUnchanged(topic.name, planned(named), "lake retention")
+    if not ends:
+        return 0
     if named:
-        topic.delete_segments(named, "lake.retention")
+        # Refused if a segment below a cut changed since: then the next run decides again.
+        topic.delete_segments([s.id for s in named], "lake.retention", requirements=[seen])
     hours = max(1, math.ceil(topic.setting("log.cleanup.grace.ms") / 3_600_000))
     removed = table.remove_below(ends, vacuum_hours=hours)
     log.info("topic %s: lake retention removed %d rows below offsets %s", topic.name, removed,

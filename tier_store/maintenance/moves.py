@@ -268,9 +268,13 @@ def move_segment(topic: Topic, segment_ids: Sequence[str], tier_number: int,
         _check_movable(topic, plan, tier_number, final, grace_s)
         # The layout's end: each chunk aligned but the last, as a writer fills a file.
         if target.is_lake:
-            if not demote_and_publish(topic, target, plan.segs, plan.rows,  # type: ignore[arg-type]
-                                      plan.seen):
+            moved = demote_and_publish(topic, target, plan.segs, plan.rows,  # type: ignore
+                                       plan.seen)
+            if moved is None:
                 continue
+            if len(moved) < len(plan.segs):  # the run the table held already, alone
+                kept = np.isin(plan.rows["seq"], [s.seq for s in moved])
+                plan = dataclasses.replace(plan, segs=moved, rows=plan.rows[kept])
             return _moved(topic, plan, tier_number, t0, False)
         need = HEADER_SIZE + sum(align(int(n)) for n in rows["length"][:-1]) + int(
             rows["length"][-1])

@@ -6,8 +6,10 @@ topic incarnation's table (:mod:`tier_store.lake`) and committed to the table
 appends here, nothing is promoted out, and nothing the log drops is deleted from here:
 retention removes lake segments from the log only, and the table keeps their rows.
 
-The root is a directory or an fsspec URL (``s3://bucket/lake``). A local file is read
-through the tier's descriptor checks (never through a link); a remote one by ranged reads.
+The root is a directory or an fsspec URL (``s3://bucket/lake``). A local file is read by
+a memory map, as segments are (a link as the file's own name is refused; links among the
+directories above it are followed, as the operator made them); a remote one by ranged
+reads.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ class LakeTier(Tier):
         self.local = not self.url
 
     def prepare(self) -> None:
+        import importlib.util
+        if importlib.util.find_spec("deltalake") is None:  # said at open, not at a demotion
+            raise PafkaError(f"tier {self.number} is a LAKE tier, which needs the deltalake "
+                             "package: pip install 'pafka-spark[lake]'")
         if not self.url:
             os.makedirs(self.path, exist_ok=True)
 
@@ -46,10 +52,12 @@ class LakeTier(Tier):
         join = posixpath.join if self.url else os.path.join
         return join(self.path, table_name(topic, topic_id))
 
-    def file_path(self, topic: str, topic_id: str, partition: int, base: int, end: int) -> str:
-        """The Parquet file of ``partition``'s offsets ``[base, end)`` (from integers only)."""
+    def file_path(self, topic: str, topic_id: str, partition: int, first: int, last: int
+                  ) -> str:
+        """The Parquet file of ``partition``'s segments ``first`` to ``last`` (sequences; a
+        path from checked integers only)."""
         join = posixpath.join if self.url else os.path.join
-        return join(self.table_uri(topic, topic_id), *file_rel(partition, base, end).split("/"))
+        return join(self.table_uri(topic, topic_id), *file_rel(partition, first, last).split("/"))
 
     def write_file(self, path: str, data: pa.Buffer) -> None:
         """Write a lake file whole; durable on return (its Delta commit comes next)."""
