@@ -48,22 +48,30 @@ class LakeTable:
         self.uri = posixpath.join(root.rstrip("/"), table_name(topic, topic_id))
         self.schema = table_schema(schema)
         self.storage_options = storage_options
+        self._dt: Any = None
 
     def __repr__(self) -> str:
         return f"LakeTable({self.uri!r})"
 
     def _open(self, create: bool = False) -> Any:
+        """The table, loaded once per handle and brought up to date incrementally after (a
+        load reads every file's add action: a demotion asks three times)."""
         dl = _deltalake()
+        if self._dt is not None:
+            self._dt.update_incremental()
+            return self._dt
         try:
-            return dl.DeltaTable(self.uri, storage_options=self.storage_options)
+            self._dt = dl.DeltaTable(self.uri, storage_options=self.storage_options)
+            return self._dt
         except dl.exceptions.TableNotFoundError:
             if not create:
                 return None
-        return dl.DeltaTable.create(
+        self._dt = dl.DeltaTable.create(
             self.uri, self.schema, mode="ignore", partition_by=[PARTITION],
             name=self.topic, description=f"pafka topic {self.topic!r} ({self.topic_id})",
             configuration={"delta.dataSkippingStatsColumns": "_offset,_timestamp"},
             storage_options=self.storage_options)
+        return self._dt
 
     def held(self, partition: int) -> dict[tuple[int, int], str]:
         """The files of ``partition`` the table holds, by (first, last) source sequence."""
@@ -171,7 +179,7 @@ class LakeTable:
 
     def _version_of(self, app: str, end: int, after: int) -> int:
         """The version after ``after`` whose commit carries transaction (``app``, ``end``)."""
-        dt = _deltalake().DeltaTable(self.uri, storage_options=self.storage_options)
+        dt = self._open()
         # delta-rs exposes no commit's actions: they are read from the log itself.
         for v in range(after + 1, dt.version() + 1):
             for line in _read_commit(self.uri, v).splitlines():
