@@ -295,8 +295,10 @@ def store_conf(tiered: bool, fast: str, conf_extra: dict, lake: str | None = Non
                      "storage.tiers.first.paths": fast, "log.pmem.pool.ratio": 1.0})
         if lake is None:
             return conf, [2]
+        from tier_store import parse_size
+        c1 = parse_size(conf["storage.tiers.first.sizes"])
         conf.update({"storage.tiers.types": "PMEM,HDD,LAKE", "storage.tiers.3.paths": lake,
-                     "storage.tiers.2.sizes": str(2 * int(conf["storage.tiers.first.sizes"]))})
+                     "storage.tiers.2.sizes": str(2 * c1)})
         return conf, [2, 3]
     conf.update({"storage.tiers.first.sizes": "64g"})
     return conf, [1]

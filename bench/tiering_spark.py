@@ -80,7 +80,7 @@ def main() -> None:
     bucket = os.path.join(base, "hdd-bucket")
     # Every tier number that is the HDD in one of the stores: the selection file says which
     # is being written.
-    candidates = sorted({store_conf(tiered, "", {})[1] for tiered in (True, False)})
+    candidates = sorted({n for tiered in (True, False) for n in store_conf(tiered, "", {})[1]})
     # Before Spark starts: its JVM and Python workers inherit this environment.
     os.environ["PAFKA_BENCH_HDD"] = f"{bucket}:{args.hdd}:{','.join(map(str, candidates))}"
     os.environ["PYTHONPATH"] = os.pathsep.join(

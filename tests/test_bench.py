@@ -155,7 +155,8 @@ def test_the_simulated_hdd_charges_the_file_tiers_named_for_the_store_written(
     alone_conf, alone_hdd = tb.store_conf(False, "", small)
     bucket = str(tmp_path / "bucket")
     try:
-        tb.install_throttle(bucket, 1e9, [tiered_hdd, alone_hdd], follow_selection=True)
+        assert (tiered_hdd, alone_hdd) == ([2], [1])
+        tb.install_throttle(bucket, 1e9, [*tiered_hdd, *alone_hdd], follow_selection=True)
         for name, conf, hdd, charges in (("tiered", tiered_conf, [2], False),
                                          ("alone", alone_conf, [1], True)):
             with Store.open(tmp_path / name, conf) as s:
@@ -297,3 +298,11 @@ def test_scale_bench_runs_every_scenario_small_and_rewrites_no_tracked_file():
                    "**Spark driver** at 8 partitions", "**Defaults**"):
         assert needle in r.stdout, needle
     assert tracked_state() == before
+
+
+def test_a_tiering_run_with_a_lake_throttles_tier_2_and_the_lake_as_one_disk(shm_dir):
+    import tiering_bench as tb
+    conf, hdd = tb.store_conf(True, shm_dir, {"storage.tiers.first.sizes": "1m"}, "/x/lake")
+    assert hdd == [2, 3] and conf["storage.tiers.types"] == "PMEM,HDD,LAKE"
+    assert conf["storage.tiers.2.sizes"] == str(2 << 20) and conf["storage.tiers.3.paths"] == \
+        "/x/lake"
