@@ -140,6 +140,7 @@ def test_release_segment_makes_it_gone(moved):
 
 def test_every_kind_is_joined():
     # A kind added to the store's tier types (other than the file-tier aliases) joins here.
+    # LAKE holds no segment files (Parquet files of a table): tests/test_lake_tier.py.
     from tier_store import CONFIG_KEYS
-    types = set(CONFIG_KEYS["storage.tiers.types"].choices) - {"NVME", "SSD", "HDD"}
+    types = set(CONFIG_KEYS["storage.tiers.types"].choices) - {"NVME", "SSD", "HDD", "LAKE"}
     assert types == set(KINDS)
