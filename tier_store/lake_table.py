@@ -127,13 +127,14 @@ class LakeTable:
             # kept, so that no file is cut through (a rewrite would move rows the log names).
             end = min((lo for lo, _, ts in fs if ts >= cutoff_ms), default=None)
             while True:
-                gone = [f for f in fs if f[2] < cutoff_ms and (end is None or f[1] < end)]
-                top = max((hi + 1 for _, hi, _ in gone), default=0)
-                below = min((lo for f in fs if f not in gone for lo in (f[0],)), default=top)
+                def goes(f: tuple[int, int, int], end: int | None = end) -> bool:
+                    return f[2] < cutoff_ms and (end is None or f[1] < end)
+                top = max((hi + 1 for f in fs if goes(f) for hi in (f[1],)), default=0)
+                below = min((f[0] for f in fs if not goes(f)), default=top)
                 if below >= top:
                     break
                 end = below
-            if gone:
+            if top:
                 ends[p] = top
         return ends
 
