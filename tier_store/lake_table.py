@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
 import time
 from typing import Any
@@ -176,7 +177,23 @@ class LakeTable:
         except dl.exceptions.CommitFailedError as e:
             raise PafkaError(f"{self}: the commit of {f.rel} failed ({e}); the demotion is "
                              "tried again later") from None
-        return self._version_of(app, txn, before)
+        version = self._version_of(app, txn, before)
+        self._persist(version)
+        return version
+
+    def _persist(self, version: int) -> None:
+        """Make commit ``version`` durable on a local table before the move entry that relies
+        on it is published: delta-rs renames it into place without an fsync."""
+        if "://" in self.uri:
+            return  # an object store's completed PUT is durable
+        from .layout import fsync_dir
+        log_dir = os.path.join(self.uri, "_delta_log")
+        fd = os.open(os.path.join(log_dir, f"{version:020d}.json"), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(log_dir)
 
     def _version_of(self, app: str, end: int, after: int) -> int:
         """The version after ``after`` whose commit carries transaction (``app``, ``end``)."""
