@@ -253,8 +253,11 @@ def migrator(args: argparse.Namespace) -> None:
     once = _FirstOfEach()
     for h in logging.getLogger().handlers:
         h.addFilter(once)
-    svc = MigrationService(store)
-    end = wait_go(args.go, "migrator") + args.seconds
+    moves: list[tuple[float, int, int, int, float]] = []  # (end s, from, to, bytes, s)
+    svc = MigrationService(store, on_move=lambda r: moves.append(
+        (time.time(), min(r.from_tiers), r.to_tier, r.bytes, r.seconds)))
+    go = wait_go(args.go, "migrator")
+    end = go + args.seconds
     while time.time() < end:
         svc.run_once()
         time.sleep(0.2)
@@ -262,7 +265,9 @@ def migrator(args: argparse.Namespace) -> None:
     print(json.dumps({"runs": s.runs, "segments_down": s.segments_down,
                       "segments_up": s.segments_up, "bytes_down": s.bytes_down,
                       "bytes_up": s.bytes_up, "failed_moves": s.failed_moves,
-                      "repeated_warnings": once.repeated}), flush=True)
+                      "repeated_warnings": once.repeated,
+                      "moves": [(round(t - go, 2), a, b, n, round(d, 3))
+                                for t, a, b, n, d in moves]}), flush=True)
 
 
 # -- scenarios ------------------------------------------------------------------------------
@@ -450,11 +455,25 @@ def run_scenario(name: str, tiered: bool, schedule: list, producers: int, hdd: f
         raise fail(f"{label}: the consumer read nothing of the {produced / MB:,.0f} MB "
                    "produced")
     print(f"  {label}: produced {produced / MB:,.0f} MB, consumer read {read / MB:,.0f} MB"
-          + (f", migration {out['migration service']}" if "migration service" in out else "")
+          + (f", migration {move_summary(out['migration service'])}"
+             if "migration service" in out else "")
           + f"; tiers at the end {[u['used'] // MB for u in usage]} MB", flush=True)
     return {"samples": sorted(samples), "start": start, "seconds": seconds, "usage": usage,
             "tier1": tier1, "grace": grace, "consumer": out["consumer"], "produced": produced,
             "migration": out.get("migration service")}
+
+
+def move_summary(stats: dict) -> dict:
+    """The migration service's counters, its moves summed by (from, to) tier: MB moved and
+    seconds spent (the moves' own durations, threads overlapping)."""
+    out = {k: v for k, v in stats.items() if k != "moves"}
+    pairs: dict[str, list[float]] = {}
+    for _, a, b, n, d in stats.get("moves", []):
+        p = pairs.setdefault(f"{a}->{b}", [0.0, 0.0])
+        p[0] += n / MB
+        p[1] += d
+    out["moved"] = {k: f"{mb:,.0f} MB in {sec:.1f} s" for k, (mb, sec) in sorted(pairs.items())}
+    return out
 
 
 def per_second(result: dict, step: float = 1.0) -> list[float]:
@@ -642,6 +661,10 @@ def run_burst(args, output: Output, base: str, shm: str, c1: int, seg: int, b2: 
     pool = c1 // seg
     print(f"tier 1 (s, MB used, pool files in use of {pool}):",
           [(round(t, 1), u // MB, f) for t, u, f in tiered["tier1"]], flush=True)
+    moves = (tiered["migration"] or {}).get("moves", [])
+    for pair in sorted({(a, b) for _, a, b, _, _ in moves}):
+        print(f"moves {pair[0]}->{pair[1]} (s ended, MB):",
+              [(t, n // MB) for t, a, b, n, _ in moves if (a, b) == pair], flush=True)
     second_at = LEAD_S + burst_len + gap
     output.figure(FIGURE, lambda path: plot(
         path, "Burst: ingest over time (tier 2 throttled to an HDD's bandwidth)",

@@ -141,6 +141,31 @@ def plan_moves(segments: Sequence[SegmentView], tiers: Sequence[TierView], low: 
     return out
 
 
+def demotion_phases(moves: Sequence[Move], tiers: Sequence[TierView]) -> list[list[Move]]:
+    """The demotions of a plan in the batches to run them in, one after another.
+
+    First those whose target has room for them now, the fastest source first: tier 1's
+    drain is what the next burst needs, and it must not wait for a slower tier's demotions
+    (a lake's conversion, say) it does not depend on. Then the rest, the slowest source
+    first: what tier 2 passes to tier 3 makes room for what tier 1 passes to tier 2."""
+    by_number = {t.number: t for t in tiers}
+    room = {t.number: t.capacity - t.used if t.capacity > 0 else None for t in tiers}
+    now: dict[int, list[Move]] = {}
+    later: dict[int, list[Move]] = {}
+    for m in moves:
+        if not m.down:
+            continue
+        free = room.get(m.target)
+        cost = by_number[m.target].cost(m.bytes) if m.target in by_number else m.bytes
+        if free is None or cost <= free:
+            now.setdefault(m.source, []).append(m)
+            if free is not None:
+                room[m.target] = free - cost
+        else:
+            later.setdefault(m.source, []).append(m)
+    return [now[k] for k in sorted(now)] + [later[k] for k in sorted(later, reverse=True)]
+
+
 def fill_band(config: Any) -> tuple[float, float]:
     """The (low, high) fill band of a store's ``storage.migrate.threshold[.low/.high]``;
     (-1, -1) when migration is disabled."""

@@ -14,9 +14,9 @@ Each run:
 2. Seal active segments idle longer than ``log.segment.ms`` (so quiet topics migrate too) and
    reclaim files past the grace period.
 3. Plan with :func:`~migration.policy.plan_moves` (the freshness order across all tiers).
-4. **Demotions first**, the slowest source tier first (each frees room on the tier the next
-   one fills); a demotion off a pmem tier gives its pool file back at once (producers and
-   promotions need it). Then **promotions**, the fastest target tier first; those to a pmem
+4. **Demotions first**, in :func:`~migration.policy.demotion_phases`' order (tier 1's drain
+   never waits for a lake's conversion it does not need); one off a pmem tier gives its pool
+   file back at once. Then **promotions**, the fastest target tier first; those to a pmem
    tier beyond its free pool files wait for a later run (newest first). Each phase uses
    ``storage.migrate.threads`` threads within ``storage.migrate.bytes.per.second``.
 5. Reclaim again, and add the run to the store's totals
@@ -142,6 +142,9 @@ class MigrationService:
     # -- one run ----------------------------------------------------------------------------
     def plan(self) -> list[Move]:
         """The moves the policy makes now, leaving out segments waiting out a back-off."""
+        return self._plan()[0]
+
+    def _plan(self) -> tuple[list[Move], list[TierView]]:
         low, high = self.band()
         segs, tiers = store_views(self.store)
         now = time.monotonic()
@@ -157,8 +160,8 @@ class MigrationService:
                     if self._unreadable.get((s.topic, s.id, s.tier), (0.0, 0.0))[0] > now else s
                     for s in segs]
         if self.store.is_shared:
-            return plan_compaction(segs, max(t.number for t in tiers))
-        return plan_moves(segs, tiers, low, high, self.store.config["log.segment.bytes"])
+            return plan_compaction(segs, max(t.number for t in tiers)), tiers
+        return plan_moves(segs, tiers, low, high, self.store.config["log.segment.bytes"]), tiers
 
     def run_once(self) -> list[MoveResult]:
         """Apply retention, seal idle segments, plan, move (demotions, then promotions),
@@ -182,14 +185,11 @@ class MigrationService:
                 except (PafkaError, OSError) as e:  # one topic's trouble stops no other
                     log.warning("topic %s: sealing idle segments or garbage collection "
                                 "failed: %s", name, e)
-            moves = self.plan()
-            downs = [m for m in moves if m.down]
+            moves, tiers = self._plan()
             ups = [m for m in moves if not m.down]
             done: list[MoveResult] = []
-            # The slowest source first: what tier 2 passes to tier 3 makes room for what
-            # tier 1 passes to tier 2.
-            for source in sorted({m.source for m in downs}, reverse=True):
-                done += self._execute([m for m in downs if m.source == source])
+            for batch in policy.demotion_phases(moves, tiers):
+                done += self._execute(batch)
             if ups:
                 self._collect_garbage()  # pool files a reader pinned may be free by now
                 free = {u["tier"]: u["pool_free"] for u in self.store.tier_usage()

@@ -428,3 +428,32 @@ def test_any_state_after_one_plan_is_in_order_and_plans_nothing_more(state):
             moved_in = {(m.topic, m.segments[0]) for m in moves if m.target == t.number}
             assert all(s.file_size <= t.pool_file for s in held
                        if (s.topic, s.id) in moved_in)
+
+
+# -- the order of a run's demotions ----------------------------------------------------------
+
+def test_tier_one_drains_first_when_tier_two_has_room_and_the_lake_waits():
+    from migration.policy import demotion_phases
+    # Tier 1 (4 MB) full, tier 2 (8 MB) over its threshold with room for two more segments,
+    # tier 3 unbounded (a lake): the plan moves 2 down from each of tiers 1 and 2.
+    segs = [seg(i, 3) for i in range(2)] + [seg(i, 2) for i in range(2, 8)] + \
+        [seg(i, 1) for i in range(8, 12)]
+    tiers = tier_views(segs, [(4 * MB, 0), (8 * MB, 0), (0, 0)])
+    moves = plan_moves(segs, tiers, 0.5, 0.5, MB, merge=False)
+    assert {(m.source, m.target) for m in moves} == {(1, 2), (2, 3)}
+    phases = demotion_phases(moves, tiers)
+    assert [[(m.source, m.target) for m in p] for p in phases] == [
+        [(1, 2), (1, 2)], [(2, 3)] * 4]
+    assert sorted(map(repr, (m for p in phases for m in p))) == sorted(map(repr, moves))
+
+
+def test_a_demotion_without_room_on_its_target_waits_for_the_slower_tier_to_make_it():
+    from migration.policy import demotion_phases
+    # Tier 2 is full: tier 1's demotions wait until tier 2 passed its oldest to tier 3.
+    segs = [seg(i, 2) for i in range(8)] + [seg(i, 1) for i in range(8, 12)]
+    tiers = tier_views(segs, [(4 * MB, 0), (8 * MB, 0), (0, 0)])
+    moves = plan_moves(segs, tiers, 0.5, 0.5, MB, merge=False)
+    phases = demotion_phases(moves, tiers)
+    assert [{(m.source, m.target) for m in p} for p in phases] == [{(2, 3)}, {(1, 2)}]
+    # A promotion is never a demotion's batch.
+    assert demotion_phases([Move("t", ("0-1",), 2, 1, MB)], tiers) == []
