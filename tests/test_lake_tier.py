@@ -412,3 +412,29 @@ def test_demotions_go_in_any_order_and_a_committed_run_is_published_first(tmp_pa
     offsets = table.column("_offset").to_pylist()
     assert len(offsets) == len(set(offsets)) == sum(x.records for x in (a, b, c, d))
     assert check_topic(t).ok
+
+
+def test_a_demotion_reads_the_commits_since_the_last_not_the_whole_table(tmp_path):
+    # A table grows for as long as the topic lives: what a demotion reads of it must not.
+    from tier_store import SegmentId
+    from tier_store.maintenance.demote import lake_table
+    s = _lake_store(tmp_path / "s", **{"storage.migrate.threshold": -1,
+                                       "storage.tiers.1.sizes": "8m"})
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, batches=300, partitions=1)
+    sealed = sorted((x for x in t.segments() if x.sealed), key=lambda x: x.base_offset)
+    assert len(sealed) >= 6
+    s.move_segment(sealed[0].id, 2, topic="t")  # makes the table
+    # Another handle (another process's service) demotes one: one more commit to read.
+    Store.open(str(tmp_path / "s")).move_segment(sealed[1].id, 2, topic="t")
+    s.move_segment(sealed[2].id, 2, topic="t")
+    table = lake_table(t, s.tier(2))
+    assert table.loads == 1  # its files' list, read whole once per handle
+    for x in sealed[3:6]:
+        s.move_segment(x.id, 2, topic="t")
+    assert table.loads == 1 and lake_table(t, s.tier(2)) is table
+    seqs = [SegmentId.parse(x.id).seq for x in sealed[:6]]
+    assert sorted(table.held(0)) == [(q, q) for q in seqs]
+    # Removals (lake retention's, here without the log's) are read the same way.
+    table.remove_below({0: sealed[1].base_offset}, vacuum_hours=0)
+    assert sorted(table.held(0)) == [(q, q) for q in seqs[1:]] and table.loads == 1

@@ -11,12 +11,16 @@ racing each other are rebased by delta-rs (appends do not conflict).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import posixpath
+import threading
 import time
-from typing import Any
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -35,6 +39,19 @@ def _deltalake() -> Any:
     return deltalake
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """One call at a time on a table handle: the service's threads share it, and a delta-rs
+    table object is not to be used by two threads at once."""
+    @functools.wraps(method)
+    def run(self: LakeTable, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
+
+
 def app_id(topic_id: str, partition: int) -> str:
     """The Delta application id of a partition's demotions."""
     return f"pafka-{topic_id}-{partition}"
@@ -50,6 +67,12 @@ class LakeTable:
         self.schema = table_schema(schema)
         self.storage_options = storage_options
         self._dt: Any = None
+        self._lock = threading.RLock()
+        # The table's files by partition and (first, last) source sequence, as of version
+        # _files_at: kept up to date from the commits after it, not from the whole table.
+        self._files: dict[int, dict[tuple[int, int], str]] | None = None
+        self._files_at = -1
+        self.loads = 0  # full loads of the table's state and of its files' list (tests count)
 
     def __repr__(self) -> str:
         return f"LakeTable({self.uri!r})"
@@ -63,6 +86,7 @@ class LakeTable:
             return self._dt
         try:
             self._dt = dl.DeltaTable(self.uri, storage_options=self.storage_options)
+            self.loads += 1
             return self._dt
         except dl.exceptions.TableNotFoundError:
             if not create:
@@ -74,18 +98,47 @@ class LakeTable:
             storage_options=self.storage_options)
         return self._dt
 
+    @_locked
     def held(self, partition: int) -> dict[tuple[int, int], str]:
         """The files of ``partition`` the table holds, by (first, last) source sequence."""
         dt = self._open()
         if dt is None:
             return {}
-        out = {}
+        version = int(dt.version())
+        if self._files is not None and self._files_at <= version:
+            try:  # the commits since the last look: a demotion's cost stays flat in files
+                for v in range(self._files_at + 1, version + 1):
+                    self._apply_commit(_read_commit(self.uri, v))
+                self._files_at = version
+                return dict(self._files.get(partition, {}))
+            except (OSError, ValueError, TypeError, AttributeError) as e:
+                log.info("%s: commits after version %d not read (%s): the files' list is read "
+                         "whole", self, self._files_at, e)
+        self._files, self._files_at = {}, version
+        self.loads += 1
         for path in pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist():
-            got = parse_rel(path)
-            if got is not None and got[0] == partition:
-                out[(got[1], got[2])] = path
-        return out
+            self._file(path, True)
+        return dict(self._files.get(partition, {}))
 
+    def _apply_commit(self, text: str) -> None:
+        for line in text.splitlines():
+            if line.strip():
+                action = json.loads(line)
+                for kind in ("add", "remove"):
+                    if kind in action:
+                        self._file(urllib.parse.unquote(action[kind]["path"]), kind == "add")
+
+    def _file(self, path: str, added: bool) -> None:
+        got = parse_rel(path)
+        if got is None or self._files is None:
+            return  # not a file pafka wrote: not one a demotion looks for
+        files = self._files.setdefault(got[0], {})
+        if added:
+            files[(got[1], got[2])] = path
+        else:
+            files.pop((got[1], got[2]), None)
+
+    @_locked
     def committed_version(self, partition: int) -> int:
         """The transaction version of ``partition``'s last demotion (its last segment's
         sequence + 1); 0 if none (or no table yet)."""
@@ -94,6 +147,7 @@ class LakeTable:
             return 0
         return dt.transaction_version(app_id(self.topic_id, partition)) or 0
 
+    @_locked
     def summary(self) -> dict[str, Any]:
         """The table as ``pafka describe`` and ``pafka tiers`` show it: where it is, its
         version, and its files, rows and bytes (from the Delta log: no data file is read)."""
@@ -108,6 +162,7 @@ class LakeTable:
                    bytes=sum(adds.column("size_bytes").to_pylist()))
         return out
 
+    @_locked
     def expired_ends(self, cutoff_ms: int) -> dict[int, int]:
         """Per partition, the offset below which every file's rows were committed before
         ``cutoff_ms``: the end of its oldest run of such files (partitions without one are
@@ -139,6 +194,7 @@ class LakeTable:
                 ends[p] = top
         return ends
 
+    @_locked
     def remove_below(self, ends: dict[int, int], vacuum_hours: int) -> int:
         """Remove the rows of each partition ``p`` below offset ``ends[p]`` (whole files, by
         :meth:`expired_ends`), then vacuum files unreferenced for ``vacuum_hours``. Returns
@@ -152,11 +208,13 @@ class LakeTable:
         dt.vacuum(retention_hours=vacuum_hours, dry_run=False, enforce_retention_duration=False)
         return int(metrics.get("num_deleted_rows", 0) or 0)
 
+    @_locked
     def version(self) -> int:
         """The table's latest version (-1: no table yet)."""
         dt = self._open()
         return -1 if dt is None else int(dt.version())
 
+    @_locked
     def add(self, partition: int, f: LakeFile, min_ts: int, max_ts: int, txn: int) -> int:
         """Commit file ``f`` (written already) of ``partition`` with transaction version
         ``txn``; returns the table version that added it. Delta keys files by path: a file

@@ -50,10 +50,22 @@ LAKE_POINTS = ("lake.written", "lake.committed")
 """Crash points of a demotion: after its file is written, after its Delta commit."""
 
 
+OPEN_TABLES = 64  # tables a lake tier handle keeps open (each holds its files' list)
+
+
 def lake_table(topic: Topic, target: LakeTier) -> LakeTable:
-    """The table of ``topic``'s incarnation on lake tier ``target``."""
-    return LakeTable(target.path, topic.name, topic.id, topic.schema,
-                     target.storage_options())
+    """The table of ``topic``'s incarnation on lake tier ``target``: one handle per tier
+    handle and incarnation, brought up to date at each use."""
+    with target.tables_lock:
+        table = target.tables.get(topic.id)
+        if table is None:
+            table = LakeTable(target.path, topic.name, topic.id, topic.schema,
+                              target.storage_options())
+            target.tables[topic.id] = table
+            while len(target.tables) > OPEN_TABLES:
+                target.tables.popitem(last=False)
+        target.tables.move_to_end(topic.id)
+        return table
 
 
 def lake_summary(topic: Topic) -> dict[str, Any] | None:

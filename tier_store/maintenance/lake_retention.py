@@ -75,6 +75,8 @@ def purge_lake(store: Store, topic: str, topic_id: str) -> bool:
     if not fs.exists(path):
         return False
     fs.rm(path, recursive=True)
+    with last.tables_lock:  # type: ignore[attr-defined]
+        last.tables.pop(topic_id, None)  # type: ignore[attr-defined]
     log.info("deleted the lake table of topic %s (%s): %s", topic, topic_id, path)
     return True
 

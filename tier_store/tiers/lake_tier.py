@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +40,11 @@ class LakeTier(Tier):
         super().__init__(spec, segment_bytes)
         self.url = is_url(spec.path)
         self.local = not self.url
+        # Open tables by topic id, most recently used last: kept by
+        # :func:`tier_store.maintenance.demote.lake_table`, so that a demotion reads the
+        # commits since the last one, not the whole table.
+        self.tables: OrderedDict[str, Any] = OrderedDict()
+        self.tables_lock = threading.Lock()
 
     def prepare(self) -> None:
         import importlib.util
