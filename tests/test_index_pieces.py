@@ -339,3 +339,20 @@ def test_rows_after_a_list_are_named_piece_by_piece_then_listed_again(tmp_path,
     fresh = ChunkIndex(0, source, None, [SegmentRows(7, 1, [again])])
     assert fresh.overlapping(100, 103)["base"].tolist() == [100, 101, 102]
     assert fresh.segment_rows(7)["ts"].tolist() == [1000 + i for i in range(128)]
+
+
+def test_a_commit_looks_over_an_active_segments_pieces_once_per_new_piece(tmp_path,
+                                                                         small_pieces):
+    # A writer's commit asks, per chunk, which rows its segment got since a time. Over the
+    # pieces of a long-lived active segment that must not be a scan per commit.
+    from tier_store.chunk_rows import SegmentRows
+    store = Store.open(str(tmp_path / "store"), {"log.segment.bytes": "64m",
+                                                 "log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(200):  # 20 checkpoints: pieces of 32 rows in the active segment
+        topic.commit(topic.write_chunks(make_batch(i, 1)), writer_id="w", batch_id=i)
+    before = SegmentRows.piece_scans
+    for i in range(200, 400):
+        topic.commit(topic.write_chunks(make_batch(i, 1)), writer_id="w", batch_id=i)
+    assert SegmentRows.piece_scans - before <= 20  # at most once per checkpoint, not commit
+    assert topic.latest_offsets() == {0: 400}

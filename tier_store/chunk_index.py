@@ -217,7 +217,7 @@ class ChunkIndex:
         seg = self._segs.get(seq)
         if seg is not None:
             ChunkIndex.visits += 1
-            if seg.pieces and max(r.ts_max for r in seg.pieces) >= ts:
+            if seg.pieces and seg.pieces_ts_max() >= ts:
                 parts.extend(self._piece(seg, r) for r in self.refs(seg) if r.ts_max >= ts)
             parts.append(seg.loose_since(ts))
         rows = _in_order(parts)

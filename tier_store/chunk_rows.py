@@ -125,6 +125,8 @@ class SegmentRows:
     segment's pieces may stand as one list reference (``listed``) until the index reads
     the list (:meth:`~tier_store.chunk_index.ChunkIndex.refs`)."""
 
+    piece_scans = 0  # looks over every piece's commit time (tests count them)
+
     def __init__(self, seq: int, tier: int, pieces: Iterable[PieceRef] = ()):
         self.seq, self.tier = seq, tier
         self.pieces = list(pieces)
@@ -142,6 +144,18 @@ class SegmentRows:
         self._ts_top: list[int] = []
         self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
         self.end = max((r.end for r in self.pieces), default=-1)
+        self._pieces_ts: tuple[list[PieceRef] | None, int, int] = (None, -1, -1)
+
+    def pieces_ts_max(self) -> int:
+        """The latest commit time in the pieces (-1: none). Pieces are only added or the
+        list replaced, so it is kept until they change: a commit asks once per chunk, and an
+        active segment gains a piece per checkpoint."""
+        held, n, ts = self._pieces_ts
+        if held is not self.pieces or n != len(self.pieces):
+            SegmentRows.piece_scans += 1
+            ts = max((r.ts_max for r in self.pieces), default=-1)
+            self._pieces_ts = (self.pieces, len(self.pieces), ts)
+        return ts
 
     def loose(self) -> np.ndarray:
         return self._a[:self._n]
