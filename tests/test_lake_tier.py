@@ -438,3 +438,10 @@ def test_a_demotion_reads_the_commits_since_the_last_not_the_whole_table(tmp_pat
     # Removals (lake retention's, here without the log's) are read the same way.
     table.remove_below({0: sealed[1].base_offset}, vacuum_hours=0)
     assert sorted(table.held(0)) == [(q, q) for q in seqs[1:]] and table.loads == 1
+
+    # A kept handle that fails to update (an object store's error) is loaded afresh.
+    class Failing:
+        def update_incremental(self):
+            raise OSError("connection reset")
+    table._dt = Failing()
+    assert sorted(table.held(0)) == [(q, q) for q in seqs[1:]] and table.loads == 3

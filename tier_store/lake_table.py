@@ -82,8 +82,15 @@ class LakeTable:
         load reads every file's add action: a demotion asks three times)."""
         dl = _deltalake()
         if self._dt is not None:
-            self._dt.update_incremental()
-            return self._dt
+            try:
+                self._dt.update_incremental()
+                return self._dt
+            except Exception as e:  # noqa: BLE001 - a fresh load below says what is wrong
+                # A kept handle that failed once (an object store's error) is not trusted
+                # again: loaded afresh, as without the cache.
+                log.info("%s: the kept table handle failed to update (%s); loading it again",
+                         self, e)
+                self._dt, self._files = None, None
         try:
             self._dt = dl.DeltaTable(self.uri, storage_options=self.storage_options)
             self.loads += 1
