@@ -235,7 +235,7 @@ class MigrationService:
 
     def _lake_retention(self, name: str) -> None:
         try:  # the log's retention is done whatever happens here; the table's waits a run
-            apply_lake_retention(self.store.topic(name))
+            apply_lake_retention(self.store.topic(name), scheduled=True)
         except Exception as e:
             log.warning("topic %s: lake retention failed: %s: %s", name, type(e).__name__, e)
 

@@ -445,3 +445,20 @@ def test_a_demotion_reads_the_commits_since_the_last_not_the_whole_table(tmp_pat
             raise OSError("connection reset")
     table._dt = Failing()
     assert sorted(table.held(0)) == [(q, q) for q in seqs[1:]] and table.loads == 3
+
+
+def test_the_service_looks_over_a_tables_files_for_retention_once_per_check_interval(tmp_path):
+    # Lake retention reads the table's whole file list: not on every run of the service.
+    from tier_store.maintenance.demote import lake_table
+    s = _lake_store(tmp_path / "s", **{"lake.retention.ms": 86_400_000})
+    t = s.create_topic("t", SCHEMA, partitions=1)
+    _fill(t, partitions=1)
+    svc = MigrationService(s)
+    svc.run_once()
+    table = lake_table(t, s.tier(2))
+    before = table.loads
+    for _ in range(5):
+        svc.run_once()
+    assert table.loads == before  # the default interval is 5 minutes
+    from tier_store import apply_lake_retention
+    assert apply_lake_retention(t) == 0 and table.loads == before + 1  # asked: it looks

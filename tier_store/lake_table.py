@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import posixpath
 import threading
@@ -73,6 +74,7 @@ class LakeTable:
         self._files: dict[int, dict[tuple[int, int], str]] | None = None
         self._files_at = -1
         self.loads = 0  # full loads of the table's state and of its files' list (tests count)
+        self.retention_checked = -math.inf  # time.monotonic() of lake retention's last look
 
     def __repr__(self) -> str:
         return f"LakeTable({self.uri!r})"
@@ -177,6 +179,7 @@ class LakeTable:
         dt = self._open()
         if dt is None:
             return {}
+        self.loads += 1
         adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
         files: dict[int, list[tuple[int, int, int]]] = {}
         for p, lo, hi, ts in zip(adds["partition._partition"], adds["min._offset"],
@@ -249,15 +252,11 @@ class LakeTable:
     def _persist(self, version: int) -> None:
         """Make commit ``version`` durable on a local table before the move entry that relies
         on it is published: delta-rs renames it into place without an fsync."""
-        if "://" in self.uri:
+        from .layout import fsync_dir, fsync_file, is_url
+        if is_url(self.uri):
             return  # an object store's completed PUT is durable
-        from .layout import fsync_dir
         log_dir = os.path.join(self.uri, "_delta_log")
-        fd = os.open(os.path.join(log_dir, f"{version:020d}.json"), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(os.path.join(log_dir, f"{version:020d}.json"))
         fsync_dir(log_dir)
 
     def _version_of(self, app: str, end: int, after: int) -> int:

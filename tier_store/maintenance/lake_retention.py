@@ -29,14 +29,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def apply_lake_retention(topic: Topic, now_ms: int | None = None) -> int:
+def apply_lake_retention(topic: Topic, now_ms: int | None = None, scheduled: bool = False
+                         ) -> int:
     """Remove from ``topic``'s lake table the oldest files past ``lake.retention.ms`` (see
-    the module docstring); returns the rows removed."""
+    the module docstring); returns the rows removed. ``scheduled`` (the service's runs):
+    at most every ``log.retention.check.interval.ms`` per table handle, since a check reads
+    the table's whole file list."""
     keep_ms = topic.setting("lake.retention.ms")
     last = topic.store.tiers[-1]
     if keep_ms < 0 or not last.is_lake:
         return 0
     table = lake_table(topic, last)  # type: ignore[arg-type]
+    now = time.monotonic()
+    every = topic.setting("log.retention.check.interval.ms") / 1000.0
+    if scheduled and now - table.retention_checked < every:
+        return 0
+    table.retention_checked = now
     cutoff = (int(time.time() * 1000) if now_ms is None else now_ms) - keep_ms
     ends = table.expired_ends(cutoff)
     if not ends:
