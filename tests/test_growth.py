@@ -281,6 +281,47 @@ def test_cleanup_deletes_known_ranges_without_listing_the_log(tmp_path, monkeypa
     assert sum(other.latest_offsets().values()) == 1100
 
 
+def test_cleanup_looks_up_no_name_that_is_not_there(tmp_path, monkeypatch):
+    # Every name looked up and not found stays in the kernel's dentry cache: a cleanup that
+    # probed each version's checkpoint made one per commit, millions over a long stream.
+    import os
+
+    from tier_store.logstore.posix_cleanup import PosixCleanup
+    missed = []
+    real = PosixCleanup._mtime
+
+    def mtime(self, name):
+        found = real(self, name)
+        if found is None:
+            missed.append(name)
+        return found
+    monkeypatch.setattr(PosixCleanup, "_mtime", mtime)
+    store = _store(tmp_path, **{"log.checkpoint.interval": 10, "log.cleanup.grace.ms": 0})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(1000):
+        topic.append(make_batch(i, 1))
+    # Only at version 0, a multiple of the interval where no commit writes one.
+    assert [m for m in missed if m.endswith(".checkpoint")] == ["0" * 20 + ".checkpoint"]
+    assert len(missed) <= 3, missed
+    # Checkpoints another handle wrote below where this one cleans up are not looked for
+    # one by one; the next listing (once per grace period) finds and deletes them.
+    log_dir = os.path.join(str(tmp_path / "store"), "t", "_log")
+    other = Store.open(str(tmp_path / "store")).topic("t")
+    for _ in range(3):
+        other.append(make_batch(0, 1))
+        other.write_checkpoint()
+    mine = topic.log.commit_log
+    mine._temporaries_at = float("-inf")  # the grace period since the last listing is over
+    for i in range(30):
+        topic.append(make_batch(i, 1))
+    checkpoints = sorted(n for n in os.listdir(log_dir) if n.endswith(".checkpoint"))
+    assert len(checkpoints) <= 2, checkpoints
+    # Those the other handle deleted, and version 0: a few checkpoints, not versions.
+    assert len([m for m in missed if m.endswith(".checkpoint")]) <= 3, missed
+    assert sum(Store.open(str(tmp_path / "store")).topic("t").latest_offsets().values()) \
+        == 1033
+
+
 def test_cleanup_keeps_what_is_within_the_grace_period(tmp_path):
     import os
     store = _store(tmp_path, **{"log.checkpoint.interval": 10})

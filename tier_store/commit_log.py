@@ -273,7 +273,7 @@ class CommitLog:
         return state
 
     # -- checkpoints and cleanup ----------------------------------------------------------
-    def write_checkpoint(self, state: TopicState, grace_ms: int) -> None:
+    def write_checkpoint(self, state: TopicState, grace_ms: int, interval: int = 0) -> None:
         """Write ``state`` as a checkpoint, point ``_last_checkpoint`` at it, clean up."""
         previous = self.last_checkpoint()
         if previous is not None and previous >= state.version:
@@ -292,9 +292,9 @@ class CommitLog:
             return
         log.debug("topic %s: checkpoint at version %d", self.topic, state.version)
         if previous is not None:
-            self.cleanup(previous, grace_ms)
+            self.cleanup(previous, grace_ms, interval)
 
-    def cleanup(self, keep_from: int, grace_ms: int) -> int:
+    def cleanup(self, keep_from: int, grace_ms: int, interval: int = 0) -> int:
         """Delete entries and checkpoints below ``keep_from`` (and stale temp files) that are
         older than the grace period, in ascending order. Returns how many were deleted."""
         cutoff = time.time() - grace_ms / 1000.0
@@ -303,7 +303,7 @@ class CommitLog:
             # A listing: once per grace period per handle, not per checkpoint.
             self._temporaries_at = now
             self.store.discard_temporaries(cutoff)
-        return self.store.delete(self.store.expired(keep_from, cutoff))
+        return self.store.delete(self.store.expired(keep_from, cutoff, interval))
 
     def checkpoint_versions(self) -> list[int]:
         return self.store.checkpoints()

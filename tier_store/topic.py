@@ -119,7 +119,8 @@ class Topic(positions.GroupPositions):
 
     def write_checkpoint(self) -> int:
         """Write a checkpoint of the state as it is; returns its version."""
-        return self.log.write_checkpoint(self.setting("log.cleanup.grace.ms"))
+        keys = ("log.cleanup.grace.ms", "log.checkpoint.interval")
+        return self.log.write_checkpoint(*map(self.setting, keys))
 
     def latest_offsets(self) -> dict[int, int]:
         """Per partition, the next offset to be written."""
@@ -283,8 +284,7 @@ class Topic(positions.GroupPositions):
         return self.log.delete_segments(ids, reason, requirements)
 
     def apply_retention(self, now_ms: int | None = None) -> list[str]:
-        """Delete whole sealed segments past ``log.retention.bytes``/``.ms``; returns their
-        ids (see :mod:`tier_store.maintenance.retention`)."""
+        """Delete sealed segments past ``log.retention.*``; returns their ids (``retention``)."""
         return retention.apply_retention(self, now_ms)
 
     # -- reading ------------------------------------------------------------------------------

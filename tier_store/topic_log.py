@@ -88,11 +88,12 @@ class TopicLog:
         """The version of the newest checkpoint this handle knows of (0 for none)."""
         return self._known_checkpoint
 
-    def write_checkpoint(self, grace_ms: int) -> int:
-        """Write a checkpoint of the state as it is; returns its version."""
+    def write_checkpoint(self, grace_ms: int, interval: int = 0) -> int:
+        """Write a checkpoint of the state as it is; returns its version. Checkpoints are
+        mostly at multiples of ``interval`` (see :meth:`LogStore.expired`)."""
         with self.lock:
             st = self._state
-            self.commit_log.write_checkpoint(st, grace_ms)
+            self.commit_log.write_checkpoint(st, grace_ms, interval)
             self._known_checkpoint = st.version
             return st.version
 

@@ -169,11 +169,13 @@ class LogStore(abc.ABC):
         version, a version's checkpoint before its entry. Object store: ``mtime`` is by the
         server's clock, compared with this host's by the cleanup grace."""
 
-    def expired(self, below: int, older_than: float) -> list[LogFile]:
+    def expired(self, below: int, older_than: float, aligned: int = 0) -> list[LogFile]:
         """The entries and checkpoints with versions ``< below`` that a cleanup deletes now,
         ascending (a version's checkpoint before its entry): those written before
         ``older_than`` (seconds since the epoch), up to the first one written since. This
-        default lists the log; a store that can probe names cheaply needs no listing."""
+        default lists the log; a store that can probe names cheaply needs no listing.
+        Checkpoints are mostly at multiples of ``aligned`` (the topic's checkpoint interval;
+        0 if unknown): a store that probes names looks there and where it knows of one."""
         old = self.listing(below=below)
         return old[:next((i for i, f in enumerate(old) if f.mtime >= older_than), len(old))]
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Iterable
 
 import pyarrow as pa
 
@@ -45,11 +44,12 @@ from ..layout import (
     write_temp,
 )
 from ..tiers import NO_SPACE
-from .base import Blob, LogFile, LogStore
+from .base import Blob, LogStore
+from .posix_cleanup import PosixCleanup
 from .posix_pieces import PosixPieces
 
 
-class PosixLogStore(PosixPieces, LogStore):
+class PosixLogStore(PosixPieces, PosixCleanup, LogStore):
     """The ``_log/`` directory of one topic (see the module for its files)."""
 
     def __init__(self, path: str, topic: str):
@@ -62,6 +62,7 @@ class PosixLogStore(PosixPieces, LogStore):
         self._dir_fd = -1
         self._pin_lock = threading.Lock()
         self._lowest = 0  # the lowest version a cleanup may find present (see expired)
+        self._known_checkpoints: set[int] = set()  # versions a cleanup looks for one at
 
     def __repr__(self) -> str:
         return f"PosixLogStore({self.path!r}, {self.topic!r})"
@@ -163,17 +164,8 @@ class PosixLogStore(PosixPieces, LogStore):
         # A directory or FIFO there is damage, not "no entry": probing must not stop at it.
         return read_regular(self.entry_location(version), CorruptLog, "commit-log entry")
 
-    def contains(self, version: int) -> bool:
-        return os.path.exists(self.entry_location(version))
-
     def versions(self, from_version: int = 0) -> list[int]:
         return self._versions(ENTRY_SUFFIX, from_version)
-
-    def _names(self) -> list[str]:
-        try:
-            return os.listdir(self.path)
-        except FileNotFoundError:
-            return []
 
     def _versions(self, suffix: str, from_version: int = 0) -> list[int]:
         return sorted(p[0] for n in self._names()
@@ -203,10 +195,12 @@ class PosixLogStore(PosixPieces, LogStore):
                 os.close(fd)
             os.link(tmp, self.checkpoint_location(version))
         except FileExistsError:
+            self._known_checkpoints.add(version)
             return False  # another committer wrote the same version's checkpoint
         finally:
             os.unlink(tmp)
         fsync_dir(self.path)
+        self._known_checkpoints.add(version)
         return True
 
     def read_checkpoint(self, version: int) -> Blob | None:
@@ -214,6 +208,7 @@ class PosixLogStore(PosixPieces, LogStore):
             fd = open_regular(self.checkpoint_location(version), CorruptLog, "checkpoint")
         except FileNotFoundError:
             return None
+        self._known_checkpoints.add(version)
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -262,87 +257,6 @@ class PosixLogStore(PosixPieces, LogStore):
             f"topic {self.topic!r}: {what}: the filesystem of its commit log {self.path} "
             f"(mounted at {mount}, {free} bytes free) is full ({os.strerror(e.errno)}). Free "
             "space there (the store's root) and try again; nothing was left half written")
-
-    # -- cleanup --------------------------------------------------------------------------
-    def listing(self, below: int | None = None) -> list[LogFile]:
-        found: list[tuple[int, str]] = []
-        for name in self._names():
-            parsed = parse_log_name(name)
-            if parsed is not None and (below is None or parsed[0] < below):
-                found.append((parsed[0], name))
-        files = []
-        for version, name in sorted(found):  # ".checkpoint" sorts before ".json"
-            try:
-                mtime = os.stat(os.path.join(self.path, name)).st_mtime
-            except FileNotFoundError:
-                continue
-            files.append(LogFile(version, name.endswith(CHECKPOINT_SUFFIX), mtime))
-        return files
-
-    def expired(self, below: int, older_than: float) -> list[LogFile]:
-        """Without listing the log: entries are published and deleted in ascending order, so
-        those present are the versions from the lowest one present up. That one is found
-        by a binary search over the names (remembered for the next cleanup), and the files
-        from it up are looked at one by one until one is too young: O(log versions + files
-        deleted) however many entries the grace period keeps."""
-        lo = self._lowest_present(below)
-        out: list[LogFile] = []
-        for v in range(lo, below):
-            for checkpoint, path in ((True, self.checkpoint_location(v)),
-                                     (False, self.entry_location(v))):
-                try:
-                    mtime = os.stat(path).st_mtime
-                except FileNotFoundError:
-                    continue
-                if mtime >= older_than:
-                    self._lowest = v
-                    return out
-                out.append(LogFile(v, checkpoint, mtime))
-        self._lowest = below
-        return out
-
-    def _lowest_present(self, below: int) -> int:
-        """The lowest version ``< below`` whose entry is present (``below`` if none)."""
-        lo = min(self._lowest, below)
-        if lo > 0 and self.contains(lo - 1):
-            lo = 0  # an entry below the one remembered: another cleanup did not run there
-        if self.contains(lo):
-            return lo
-        hi = below  # contains(hi) is taken as true: entries below ``below`` form a suffix
-        while lo + 1 < hi:
-            mid = (lo + hi) // 2
-            if self.contains(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
-
-    def delete(self, files: Iterable[LogFile]) -> int:
-        deleted = 0
-        for f in files:
-            path = self.checkpoint_location(f.version) if f.checkpoint \
-                else self.entry_location(f.version)
-            try:
-                os.unlink(path)
-                deleted += 1
-            except FileNotFoundError:
-                continue
-        return deleted
-
-    def discard_temporaries(self, older_than: float) -> int:
-        deleted = 0
-        for name in self._names():
-            if not name.startswith(TMP_PREFIX):
-                continue
-            full = os.path.join(self.path, name)
-            try:
-                if os.stat(full).st_mtime < older_than:
-                    os.unlink(full)
-                    deleted += 1
-            except FileNotFoundError:
-                pass
-        return deleted
-
 
 def filesystem_of(path: str) -> tuple[str, int | None]:
     """The mount point of the filesystem holding ``path`` and the bytes free on it (None
