@@ -141,7 +141,8 @@ class SegmentRows:
         self._bases: list[int] = []
         # Per loose row, the latest commit time up to it (clocks may step back): the rows
         # committed since a time are found by bisection, not by a scan (a commit asks).
-        self._ts_top: list[int] = []
+        # None until a commit first asks: a reader's handle never does.
+        self._ts_top: list[int] | None = None
         self.base = min((r.base for r in self.pieces), default=-1)  # -1: no rows yet
         self.end = max((r.end for r in self.pieces), default=-1)
         self._pieces_ts: tuple[list[PieceRef] | None, int, int] = (None, -1, -1)
@@ -178,7 +179,7 @@ class SegmentRows:
         self._span(rows)
 
     def _grow_top(self, ts: np.ndarray) -> None:
-        if len(ts):
+        if len(ts) and self._ts_top is not None:
             top = np.maximum.accumulate(ts)
             if self._ts_top:
                 np.maximum(top, self._ts_top[-1], out=top)
@@ -201,7 +202,8 @@ class SegmentRows:
         self._n += 1
         self._bases.append(base)
         top = self._ts_top
-        top.append(ts if not top or ts > top[-1] else top[-1])
+        if top is not None:
+            top.append(ts if not top or ts > top[-1] else top[-1])
         self.base = base if self.base < 0 else min(self.base, base)
         self.end = max(self.end, end)
 
@@ -209,22 +211,23 @@ class SegmentRows:
         """Put ``rows`` (the checkpoint's, older than any appended) before the loose rows."""
         if not self._n:  # held as they are (a view): the next row added grows a new array
             self._a, self._n = rows, len(rows)
-            self._bases, self._ts_top = rows["base"].tolist(), []
-            self._grow_top(rows["ts"])
+            self._bases, self._ts_top = rows["base"].tolist(), None
             self._span(rows)
             return
         tail = self.loose().copy()
-        self._a, self._n, self._bases, self._ts_top = _NO_ROWS, 0, [], []
+        self._a, self._n, self._bases, self._ts_top = _NO_ROWS, 0, [], None
         self.add(rows)
         self.add(tail)
 
     def keep_loose(self, rows: np.ndarray) -> None:
         self._a, self._n = rows.copy(), len(rows)
-        self._bases, self._ts_top = rows["base"].tolist(), []
-        self._grow_top(rows["ts"])
+        self._bases, self._ts_top = rows["base"].tolist(), None
 
     def loose_since(self, ts: int) -> np.ndarray:
         """The loose rows committed at or after ``ts``, in offset order."""
+        if self._ts_top is None:
+            self._ts_top = []
+            self._grow_top(self.loose()["ts"])
         tail = self._a[bisect_left(self._ts_top, ts):self._n]
         return tail[tail["ts"] >= ts]
 
