@@ -135,6 +135,9 @@ def history(base: str, commits: int, partitions: int = 8, grace_ms: int = 600_00
             "first_p50": _pct(first, 50), "first_p99": _pct(first, 99),
             "last_p50": _pct(last, 50), "last_p99": _pct(last, 99),
             "max_after_first": max(after) if after else 0.0, "max_at": worst + 1,
+            # What the slowest waited on: its CPU time against its wall time, and whether it
+            # wrote a checkpoint (every 100th).
+            "max_cpu": cpu[worst] if after else 0.0,
             "checkpoint_bytes_early": statistics.median(early),
             "checkpoint_bytes_late": statistics.median(late),
             "log_dir": {str(k): v for k, v in sorted(sizes.items())}, "root": root,
@@ -441,7 +444,11 @@ def _history_lines(r: dict, ms: Callable[[float], str]) -> list[str]:
              f"{h['checkpoint_bytes_late']:,.0f} | "
              f"{h['checkpoint_bytes_late'] / max(1, h['checkpoint_bytes_early']):.1f}× (flat) |",
              "", f"Slowest commit after the first {w:,}: {ms(h['max_after_first'])} (commit "
-             f"{h['max_at']:,}; target ≤ 100 ms). `_log/` files and bytes: "
+             f"{h['max_at']:,}; target ≤ 100 ms"
+             + (f"; {ms(h['max_cpu'])} of it on the CPU"
+                + (", a checkpoint's commit" if h['max_at'] % 100 == 0 else "")
+                if "max_cpu" in h else "")
+             + "). `_log/` files and bytes: "
              + ", ".join(f"{int(k):,} commits: {v[0]:,} files, {v[1] / 1e6:,.1f} MB"
                          for k, v in h["log_dir"].items())
              + f" (the log keeps what was written within `log.cleanup.grace.ms`, "
