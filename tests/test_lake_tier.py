@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import textwrap
+import time
 
 import deltalake
 import numpy as np
@@ -41,6 +42,8 @@ def _fill(topic, batches=80, per=150, partitions=2, seed=1):
         n = rng.randint(1, per)
         topic.append(make_batch(p * 1_000_000 + at[p], n), partition=p)
         at[p] += n
+        if i % 10 == 9:  # commit times over several milliseconds, however fast the disk
+            time.sleep(0.003)
 
 
 def _log_view(topic, p, start=0, end=None):
