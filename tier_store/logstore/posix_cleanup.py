@@ -63,7 +63,7 @@ class PosixCleanup:
         lo = self._lowest_present(below)
         known = self._known_checkpoints
         out: list[LogFile] = []
-        for v in sorted(c for c in known if c < min(lo, below)):
+        for v in sorted(c for c in tuple(known) if c < lo):  # a copy: threads may add
             # Passed by an earlier cleanup (written by another handle): no entry is left below.
             mtime = self._mtime(checkpoint_name(v))
             if mtime is None:
