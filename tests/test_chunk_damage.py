@@ -307,7 +307,8 @@ def test_a_forged_checksum_over_a_damaged_chunk_never_crashes_or_escapes_bare(da
 _EVERY_BYTE = """
 import json
 import pyarrow as pa
-from tier_store.chunk import ChunkDecoder, EncodedChunk
+from tier_store.chunk import EncodedChunk
+from tier_store.chunk_decoder import ChunkDecoder
 from tier_store.errors import CorruptSegment
 from tests.conftest import SCHEMA, make_batch
 

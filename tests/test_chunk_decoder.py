@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from tier_store import CorruptSegment
-from tier_store.chunk import ChunkDecoder, EncodedChunk, _encode, read_chunk
+from tier_store.chunk import EncodedChunk, _encode, read_chunk
+from tier_store.chunk_decoder import ChunkDecoder
 
 from .conftest import SCHEMA, make_batch
 

@@ -29,10 +29,10 @@ from tier_store.entries import (
     PositionEntry,
     decode,
     entry_body,
-    schema_to_text,
     signed,
 )
 from tier_store.errors import CorruptLog
+from tier_store.schemas import schema_to_text
 from tier_store.state import TopicState
 
 from .conftest import PYTHON, SCHEMA

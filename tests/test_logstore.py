@@ -25,11 +25,12 @@ import pyarrow as pa
 import pytest
 
 from tier_store.commit_log import CommitLog
-from tier_store.entries import ConfigEntry, CreateEntry, schema_to_text
+from tier_store.entries import ConfigEntry, CreateEntry
 from tier_store.errors import CorruptLog, TopicDeleted
 from tier_store.layout import TMP_PREFIX, checkpoint_name, entry_name
 from tier_store.logstore import LogFile, LogStore, ObjectLogStore, PosixLogStore
 from tier_store.objects import ObjectStore
+from tier_store.schemas import schema_to_text
 
 from .conftest import SCHEMA
 

@@ -14,37 +14,15 @@ numbers from the log build paths and index arrays, so a string where a number be
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
-import pyarrow as pa
 import xxhash
 
 from .errors import CorruptLog, InvalidArgument
 from .ids import SegmentId, check_bundle, check_host
-
-
-def schema_to_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
-
-
-def checked_schema(text: object, where: str) -> pa.Schema:
-    """The Arrow schema ``text`` holds; :class:`CorruptLog` naming ``where`` if it holds none."""
-    try:
-        if not isinstance(text, str):
-            raise TypeError(f"not a string: {text!r}")
-        return schema_from_text(text)
-    except (pa.ArrowException, binascii.Error, ValueError, TypeError, OSError) as e:
-        raise CorruptLog(f"{where}: the topic's schema is malformed: {e}") from None
-
 
 # Limits of what a log may name: offsets, positions and sequence numbers fit an int64.
 INT64 = 2**63
@@ -165,6 +143,14 @@ class PositionEntry(Entry):
 
 
 @dataclass(frozen=True)
+class SchemaEntry(Entry):
+    """The topic's schema becomes ``schema`` (an allowed evolution: :mod:`.schemas`)."""
+
+    kind: ClassVar[str] = "schema"
+    schema: str  # base64 of the Arrow IPC schema message
+
+
+@dataclass(frozen=True)
 class ConfigEntry(Entry):
     kind: ClassVar[str] = "config"
     config: dict[str, Any]
@@ -211,7 +197,7 @@ def lake_record(v: Any) -> LakeRecord:
 
 KINDS: dict[str, type[Entry]] = {
     c.kind: c for c in (CreateEntry, AppendEntry, DeleteEntry, PartitionsEntry, PositionEntry,
-                        ConfigEntry, MoveEntry)
+                        ConfigEntry, MoveEntry, SchemaEntry)
 }
 
 
@@ -346,8 +332,9 @@ def _check_chunk_fields(c: ChunkRecord) -> None:
 def _check_fields(e: Entry) -> None:
     """Every field of a decoded entry has its type and lies in its range."""
     _int("ts", e.ts)
-    if isinstance(e, CreateEntry):
+    if isinstance(e, (CreateEntry, SchemaEntry)):
         _str("schema", e.schema)
+    if isinstance(e, CreateEntry):
         _int("partitions", e.partitions, 1, MAX_PARTITIONS + 1)
         _str("id", e.id)
     if isinstance(e, (CreateEntry, ConfigEntry)):

@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from .chunk import ChunkDecoder, checksum
+from .chunk import checksum
+from .chunk_decoder import ChunkDecoder
 from .errors import CorruptSegment, DataLoss, TopicDeleted, TopicNotFound
 from .ids import host_id
 from .layout import is_url
@@ -108,6 +109,8 @@ class ReadPlan:
     end: int
     chunks: tuple[PlannedChunk, ...]
     topic_id: str = ""  # the incarnation planned against
+    # The topic's schema when planned: every chunk is read as it (older ones adapted).
+    schema: pa.Schema | None = None
 
     @property
     def records(self) -> int:
@@ -156,7 +159,10 @@ def _replan(plan: ReadPlan, start: int, c: PlannedChunk) -> ReadPlan:
             f"{plan.end - 1} cannot be read, the topic was deleted"
             + (" and created again" if topic is not None else ""))
     plan_read: Callable[[int, int, int], ReadPlan] = topic.plan_read
-    return plan_read(plan.partition, start, plan.end)
+    again = plan_read(plan.partition, start, plan.end)
+    # Those offsets were committed before the plan was made: in its schema or an older one.
+    again.schema = plan.schema
+    return again
 
 
 def read_range(path: str, pos: int, length: int) -> pa.Buffer:
@@ -225,7 +231,7 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
     None when re-planning is off."""
     at_offset = plan.start
-    decoder = ChunkDecoder(check=verify, key=plan.topic_id)
+    decoder = ChunkDecoder(check=verify, key=plan.topic_id, target=plan.schema)
     # How far the plan reads into each local file: its mapping must reach that far, and the
     # file must still be that long when it is mapped (a file truncated from outside the store
     # is CorruptSegment then; truncated later, under the mapping, it may kill the process).

@@ -52,13 +52,13 @@ from .entries import (
     MoveEntry,
     PartitionsEntry,
     PositionEntry,
-    checked_schema,
+    SchemaEntry,
     lake_record,
-    schema_to_text,
 )
 from .errors import CorruptLog
 from .index_pieces import IndexPieces, PieceRef
 from .layout import segment_id
+from .schemas import checked_schema, schema_to_text
 from .state_checks import check_checkpoint_meta, entry_problem
 
 
@@ -113,6 +113,8 @@ class TopicState:
     created_ts: int = 0
     last_ts: int = 0
     topic_id: str = ""  # the incarnation (CreateEntry.id)
+    # [version, ts, schema text] of the schema made at create and of each change since.
+    schemas: list[list[Any]] = field(default_factory=list)
     parts: list[PartitionState] = field(default_factory=list)
     # Every partition's segments by id ("<partition>-<seq>"), as the log names them.
     segments: dict[str, SegmentState] = field(default_factory=dict)
@@ -175,7 +177,11 @@ class TopicState:
             self.config = dict(entry.config)
             self.created_ts = entry.ts
             self.topic_id = entry.id
+            self.schemas = [[version, entry.ts, entry.schema]]
             self._grow(entry.partitions)
+        elif isinstance(entry, SchemaEntry):
+            self.schema = checked_schema(entry.schema, where or f"version {version}")
+            self.schemas = [*self.schemas, [version, entry.ts, entry.schema]]
         elif isinstance(entry, AppendEntry):
             self._apply_append(entry)
         elif isinstance(entry, DeleteEntry):
@@ -284,13 +290,16 @@ class TopicState:
             segments.append(d)
         loose = [q.chunks.loose_rows() for q in self.parts]
         meta = {
-            # 4 only when a segment is in a lake: other stores stay readable by 3's readers.
-            "format": 4 if any(s.lake is not None for s in self.segments.values()) else 3,
+            # 5 once the schema changed, 4 when a segment is in a lake: other stores stay
+            # readable by older readers.
+            "format": 5 if len(self.schemas) > 1 else
+            4 if any(s.lake is not None for s in self.segments.values()) else 3,
             "name": self.name, "version": self.version,
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "partitions": self.partitions, "config": self.config,
             "created_ts": self.created_ts, "last_ts": self.last_ts,
             "topic_id": self.topic_id,
+            **({"schemas": self.schemas} if len(self.schemas) > 1 else {}),
             "next_offset": self.next_offset, "start_offset": self.start_offset,
             "segments": segments,
             "writers": self.writers, "positions": self.positions,
@@ -317,6 +326,8 @@ class TopicState:
             st.config = meta["config"]
             st.created_ts, st.last_ts = meta["created_ts"], meta["last_ts"]
             st.topic_id = meta["topic_id"]
+            st.schemas = meta.get("schemas") or \
+                ([[0, st.created_ts, meta["schema"]]] if meta["schema"] else [])
             nexts, starts = meta["next_offset"], meta["start_offset"]
             counts = meta["chunk_counts"]
             rows_of: list[list[SegmentRows]] = [[] for _ in range(st.partitions)]

@@ -9,6 +9,7 @@ text (entries) or ``ValueError`` (checkpoints); :mod:`tier_store.state` raises i
 
 from __future__ import annotations
 
+import binascii
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,11 +28,13 @@ from .entries import (
     MoveEntry,
     PartitionsEntry,
     PositionEntry,
+    SchemaEntry,
     lake_record,
 )
 from .errors import ConfigError, CorruptLog
 from .ids import SegmentId, check_host
 from .index_pieces import PieceRef
+from .schemas import problems, schema_from_text
 from .segment import HEADER_SIZE
 
 LAKE_FIRST_POS = 4  # a Parquet file's first row group follows its magic "PAR1"
@@ -62,7 +65,18 @@ def entry_problem(st: TopicState, version: int, e: Entry) -> str | None:
         bad = [k for k in e.offsets if int(k) >= st.partitions]
         if bad:
             return f"sets a position on partition {bad[0]}; the topic has {st.partitions}"
+    elif isinstance(e, SchemaEntry):
+        return _schema_problem(st, e)
     return None
+
+
+def _schema_problem(st: TopicState, e: SchemaEntry) -> str | None:
+    try:
+        new = schema_from_text(e.schema)
+    except (pa.ArrowException, binascii.Error, ValueError, OSError) as err:
+        return f"holds a malformed schema: {err}"
+    found = problems(st.schema, new) if st.schema is not None else ["the topic has none"]
+    return f"changes the schema as no evolution may: {'; '.join(found)}" if found else None
 
 
 def config_problem(conf: dict[str, Any], unsets: bool = False) -> str | None:
@@ -161,6 +175,20 @@ def _typed(name: str, v: Any, kind: type) -> Any:
     return v
 
 
+def _schema_history(history: Any, schema: Any, version: int) -> None:
+    """A checkpoint's schema history: [version, ts, text] in version order, ending with the
+    checkpoint's schema."""
+    last = -1
+    for h in _typed("schemas", history, list):
+        if not (isinstance(h, list) and len(h) == 3):
+            raise ValueError(f"schemas holds {h!r}, not [version, ts, schema]")
+        last = _int("a schema's version", h[0], last + 1, version + 1)
+        _int("a schema's ts", h[1])
+        _typed("a schema", h[2], str)
+    if not history or history[-1][2] != schema:
+        raise ValueError("schemas does not end with the topic's schema")
+
+
 _SEGMENT_FIELDS = ("partition", "seq", "tier", "base", "end", "records", "bytes", "extent",
                    "chunks", "first_ts", "last_ts")
 
@@ -171,14 +199,16 @@ def check_checkpoint_meta(meta: Any, table: pa.Table, columns: dict[str, pa.Data
     that says it is not ``version`` of ``topic``; ``columns``: the chunk columns it needs."""
     _typed("the state", meta, dict)
     fmt = meta.get("format", 1)
-    if fmt not in (1, 2, 3, 4) or isinstance(fmt, bool):
-        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 to 4")
+    if fmt not in (1, 2, 3, 4, 5) or isinstance(fmt, bool):
+        raise ValueError(f"format is {fmt!r}: this release reads checkpoint formats 1 to 5")
     if _typed("name", meta["name"], str) != topic and topic is not None:
         raise ValueError(f"it is the checkpoint of topic {meta['name']!r}, not {topic!r}")
     if _int("version", meta["version"], 0) != version and version is not None:
         raise ValueError(f"it holds version {meta['version']}, not {version}")
     if meta["schema"] is not None:
         _typed("schema", meta["schema"], str)
+    if "schemas" in meta:
+        _schema_history(meta["schemas"], meta["schema"], meta["version"])
     n = _int("partitions", meta["partitions"], 0, MAX_PARTITIONS + 1)
     if problem := config_problem(_typed("config", meta["config"], dict)):
         raise ValueError(problem)

@@ -13,6 +13,7 @@ import pyarrow as pa
 from .chunk import EncodedChunk
 from .errors import InvalidArgument, SchemaMismatch
 from .hashing import partition_of
+from .schemas import loose_type
 
 
 def as_table(data: Any) -> pa.Table:
@@ -73,22 +74,6 @@ def check_valid(table: pa.Table, what: str, first_row: int = 0,
                 raise InvalidArgument(f"{what}: column {field.name!r}{at} is not valid Arrow "
                                       f"data ({why}){outcome}") from None
             row += len(piece)
-
-
-def loose_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with nested nullability and time zones erased: types equal under this are the
-    same data (a time zone only says how instants are shown) and convert by a cast."""
-    if pa.types.is_timestamp(t):
-        return pa.timestamp(t.unit, tz="UTC" if t.tz else None)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        inner = loose_type(t.value_type)
-        return pa.list_(inner) if pa.types.is_list(t) else pa.large_list(inner)
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(t.field(i).name, loose_type(t.field(i).type))
-                          for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        return pa.map_(loose_type(t.key_type), loose_type(t.item_type))
-    return t
 
 
 def conform(table: pa.Table, schema: pa.Schema, topic: str) -> pa.Table:

@@ -38,6 +38,7 @@ from .maintenance import retention
 from .partition import PartitionLog
 from .reading import ReadPlan, execute, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
+from .schemas import evolve
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
 from .tables import as_table, check_valid, conform, loose_type, route, split_chunks, time_range
@@ -235,8 +236,7 @@ class Topic(positions.GroupPositions):
 
         With ``writer_id`` and ``batch_id``, a batch id not above the writer's highest
         committed one is a replay: acknowledged, not appended again (returns ``[]``).
-        Raises :class:`CommitConflict` if a chunk's segment was moved or deleted since.
-        """
+        Raises :class:`CommitConflict` if a chunk's segment was moved or deleted since."""
         refs = list(refs)
         for r in refs:
             if not isinstance(r, ChunkRef):
@@ -344,6 +344,7 @@ class Topic(positions.GroupPositions):
         return st.partitions
 
     set_config = set_config  # the topic's own keys, in its log: tier_store.topic_config
+    evolve = evolve  # an allowed change of the schema, in its log: tier_store.schemas
 
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""

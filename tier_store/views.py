@@ -87,7 +87,7 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
     out = []
     for p, start, end in ranges:
         stop, chunks = planned_chunks(topic, st, p, start, end, path_of, bundle_url)
-        out.append(ReadPlan(root, topic, p, start, stop, tuple(chunks), tid))
+        out.append(ReadPlan(root, topic, p, start, stop, tuple(chunks), tid, st.schema))
     return out
 
 

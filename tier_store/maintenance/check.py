@@ -36,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..chunk import ChunkDecoder, checksum
+from ..chunk import checksum
+from ..chunk_decoder import ChunkDecoder
 from ..errors import CorruptLog, CorruptSegment
 from ..ids import bundle_text, host_id
 from ..reading import read_range

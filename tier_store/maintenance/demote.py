@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ..chunk import ChunkDecoder, checksum
+from ..chunk import checksum
+from ..chunk_decoder import ChunkDecoder
 from ..conflicts import Requirement
 from ..crash import crash_point
 from ..entries import ChunkRecord, LakeRecord
@@ -146,7 +147,7 @@ def _runs(topic: Topic, p: int, rows: np.ndarray, bufs: list[pa.Buffer]
           ) -> Iterator[tuple[pa.RecordBatch, int, int, bool]]:
     """(batch, first offset, commit time, whether its chunk ends with it) of each chunk's
     batches, decoded and checked."""
-    decoder = ChunkDecoder(check=True)
+    decoder = ChunkDecoder(check=True, target=topic.schema)  # older chunks read as it
     for r, buf in zip(rows, bufs, strict=True):
         base, ts = int(r["base"]), int(r["ts"])
         where = f"topic {topic.name!r} segment {segment_id(p, int(r['seq']))} at {int(r['pos'])}"

@@ -12,9 +12,10 @@ from typing import Any
 import pyarrow as pa
 
 from ..config import canonical_key, parse_config
-from ..entries import CreateEntry, schema_to_text
+from ..entries import CreateEntry
 from ..errors import ConfigError, InvalidArgument
 from ..layout import STORE_FILE, STORE_LOCK, check_topic_name
+from ..schemas import schema_to_text
 from ..tiers import Tier
 from ..topic_config import check_topic_config
 from .rootfiles import RootFiles, update
