@@ -183,6 +183,48 @@ def test_add_partitions_adds_n_more(root, capsys):
     assert e.value.code == 2
 
 
+# -- alter-topic --------------------------------------------------------------------------------
+def test_alter_topic_adds_widens_and_relaxes_in_one_step(tmp_path, capsys):
+    s = Store.open(tmp_path / "store")
+    s.create_topic("t", parse_schema("id int NOT NULL, name string"), partitions=1)
+    t = s.topic("t")
+    t.append(pa.record_batch([pa.array([1, 2], pa.int32()), pa.array(["a", "b"])],
+                             schema=t.schema))
+    root = tmp_path / "store"
+    r = as_json(capsys, "alter-topic", root, "t", "--add-column", "country string",
+                "--widen", "id bigint", "--nullable", "id")
+    assert r["changes"] == ["widened id int → bigint", "made id nullable", "added country string"]
+    assert r["schema"] == "id bigint, name string, country string" and r["version"] == 2
+    assert [b.to_pydict() for b in Store.open(root, create=False).topic("t").read(0, 0)] == [
+        {"id": [1, 2], "name": ["a", "b"], "country": [None, None]}]
+    rc, out, _ = run(capsys, "alter-topic", root, "t", "--add-column", "city string")
+    assert rc == 0 and "topic t at log version 3: added city string" in out
+    d = as_json(capsys, "describe", root, "t")
+    assert [h["version"] for h in d["schema_history"]] == [0, 2, 3]
+    assert d["schema_history"][2]["changes"] == ["added city string"]
+    rc, out, _ = run(capsys, "describe", root, "t")
+    assert "schema change at log version 2 (" in out and "Z): widened id int → bigint" in out
+
+
+def test_alter_topic_refuses_what_delta_refuses_naming_column_and_rule(root, capsys):
+    one_line_error(capsys, ["alter-topic", root, "t", "--widen", "key int"], "column 'key'",
+                   "int64 → int32", "never narrows")
+    one_line_error(capsys, ["alter-topic", root, "t", "--widen", "value bigint"],
+                   "column 'value' changes type string → int64", "only widens")
+    one_line_error(capsys, ["alter-topic", root, "t", "--add-column", "n long NOT NULL"],
+                   "new column 'n'", "must be nullable")
+    one_line_error(capsys, ["alter-topic", root, "t", "--add-column", "key string"],
+                   "has a column 'key' already", "--widen")
+    one_line_error(capsys, ["alter-topic", root, "t", "--widen", "nope long"],
+                   "no column 'nope'", "its columns: key, ts, value")
+    one_line_error(capsys, ["alter-topic", root, "t", "--add-column", "a long, b long"],
+                   "give one column")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["alter-topic", str(root), "t"])
+    assert e.value.code == 2
+    assert Store.open(root, create=False).topic("t").version == 0  # nothing was published
+
+
 # -- config -------------------------------------------------------------------------------------
 def _config(report) -> dict[str, tuple]:
     return {c["key"]: (c["value"], c["source"]) for c in report["config"]}

@@ -46,6 +46,8 @@ from .ownership.roots import root_location
 from .pins import MAPS
 from .reading import PlannedChunk, ReadPlan, SkipCorrupt, execute, read_counts, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
+from .schemas import changes as schema_changes
+from .schemas import history as schema_history
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .sharing import SharedTier
@@ -129,4 +131,6 @@ __all__ = [
     "apply_lake_retention",
     "purge_lake",
     "read_counts",
+    "schema_changes",
+    "schema_history",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -134,17 +135,18 @@ def check(old: pa.Schema, new: pa.Schema, topic: str) -> None:
                              + "; ".join(found) + f" (allowed: {ALLOWED})")
 
 
-def changes(old: pa.Schema, new: pa.Schema) -> list[str]:
+def changes(old: pa.Schema, new: pa.Schema,
+            type_name: Callable[[pa.DataType], str] = str) -> list[str]:
     """The changes from ``old`` to ``new`` (an allowed evolution), one phrase each, as
-    ``pafka describe`` and a stopped query say them."""
+    ``pafka describe`` and a stopped query say them (types named by ``type_name``)."""
     out = []
     for f in new:
         if f.name not in old.names:
-            out.append(f"added {f.name} {f.type}")
+            out.append(f"added {f.name} {type_name(f.type)}")
             continue
         was = old.field(f.name)
         if not _same(was.type, f.type):
-            out.append(f"widened {f.name} {was.type} → {f.type}")
+            out.append(f"widened {f.name} {type_name(was.type)} → {type_name(f.type)}")
         if not was.nullable and f.nullable:
             out.append(f"made {f.name} nullable")
     return out
@@ -199,6 +201,13 @@ def evolve(topic: Topic, schema: pa.Schema) -> pa.Schema:
 
     topic.log.publish_retrying(make)
     return topic.schema
+
+
+def history(topic: Topic) -> list[tuple[int, int, pa.Schema]]:
+    """``schema_history``: (version, commit time in ms, schema) of the schema the topic was
+    created with and of each change since, oldest first."""
+    where = f"topic {topic.name!r}"
+    return [(v, ts, checked_schema(text, where)) for v, ts, text in topic.state().schemas]
 
 
 class Adapter:

@@ -6,6 +6,7 @@ The only module of the command that writes to stdout or stderr; the commands ret
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import json
 import os
@@ -63,6 +64,12 @@ def human(n: float) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _iso_ms(ms: int) -> str:
+    """A commit time (ms since the epoch) in ISO 8601, UTC."""
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def offsets(start: int, end: int) -> str:
@@ -212,6 +219,10 @@ def render_describe(d: dict[str, Any]) -> list[str]:
                      f"{'sealed' if s['sealed'] else 'active'}")
     for g in d["groups"]:
         lines.append(f"  group {g['group']}: {json.dumps(g['committed'])} lag {g['lag']:,}")
+    history = d.get("schema_history") or []
+    for h in history[1:]:  # the first is the schema the topic was created with
+        lines.append(f"  schema change at log version {h['version']} "
+                     f"({_iso_ms(h['ts'])}): " + "; ".join(h["changes"]))
     if d.get("lake"):
         x = d["lake"]
         lines.append(f"lake table {x['table']}: version {x['version']}, "
@@ -329,6 +340,15 @@ def render_partitions(r: dict[str, Any]) -> list[str]:
     """``pafka add-partitions``."""
     return [f"topic {r['topic']}: {r['before']} -> {plural(r['partitions'], 'partition')} "
             f"(+{r['added']}); readers and keyed writes see them at their next refresh"]
+
+
+def render_altered(r: dict[str, Any]) -> list[str]:
+    """``pafka alter-topic``: what changed, and the schema now."""
+    if not r["changes"]:
+        return [f"topic {r['topic']}: the schema is already {r['schema']}; nothing changed"]
+    return [f"topic {r['topic']} at log version {r['version']}: " + "; ".join(r["changes"]),
+            f"schema: {r['schema']}",
+            "older records read added columns as null and widened ones in their new type"]
 
 
 def render_topic_config(r: dict[str, Any]) -> list[str]:

@@ -23,14 +23,17 @@ from tier_store import (
     Relocation,
     Store,
     StoreNotFound,
+    Topic,
     lake_summary,
     purge_lake,
     relocate_tier,
     root_location,
+    schema_changes,
+    schema_history,
     tier_key,
 )
 
-from ..schema_text import schema_text
+from ..schema_text import schema_text, type_text
 from .output import pmem_note
 
 if TYPE_CHECKING:
@@ -119,7 +122,18 @@ def describe_topic(store: Store, name: str) -> dict[str, Any]:
                     "lag": sum(latest[p] - o for p, o in offs.items())}
                    for group, offs in t.positions().items()],
         "lake": lake_summary(t),
+        "schema_history": _schema_history(t),
     }
+
+
+def _schema_history(t: Topic) -> list[dict[str, Any]]:
+    """Each schema the topic had: the log version and time it took effect, what changed."""
+    out, before = [], None
+    for version, ts, schema in schema_history(t):
+        out.append({"version": version, "ts": ts, "ddl": schema_text(schema),
+                    "changes": schema_changes(before, schema, type_text) if before else []})
+        before = schema
+    return out
 
 
 def delete_topic(store: Store, name: str, purge: bool = False) -> dict[str, Any]:

@@ -25,11 +25,12 @@ from tier_store import (
     TopicExists,
     check_topic_config,
     root_location,
+    schema_changes,
     topic_key,
     unset_key,
 )
 
-from ..schema_text import ALLOWED_TYPES, parse_schema, schema_text
+from ..schema_text import ALLOWED_TYPES, parse_schema, schema_text, type_text
 from . import output as out
 from . import store_commands as sc
 from .args import add_json, add_root, add_topic, whole
@@ -84,6 +85,49 @@ def add_partitions(store: Store, name: str, n: int) -> dict[str, Any]:
     t = store.topic(name)
     before = t.partitions
     return {"topic": name, "before": before, "added": n, "partitions": t.add_partitions(n)}
+
+
+def _one_column(text: str, option: str) -> pa.Field:
+    """The one column ``text`` names as ``"name type"`` (Spark DDL)."""
+    fields = list(parse_schema(text))
+    if len(fields) != 1:
+        raise InvalidArgument(f"{option} {text!r}: give one column as \"name type\", e.g. "
+                              f"\"country string\" (repeat {option} for more)")
+    return fields[0]
+
+
+def alter_topic(store: Store, name: str, add: list[str] | None = None,
+                widen: list[str] | None = None, nullable: list[str] | None = None
+                ) -> dict[str, Any]:
+    """Change topic ``name``'s schema in one step: add nullable columns (``"name type"``),
+    widen columns' types (``"name type"``), make columns nullable (names). The store refuses
+    any change Delta would not allow, naming the column and the rule."""
+    t = store.topic(name)
+    before = t.schema
+    fields = list(before)
+
+    def column(col: str, option: str, given: str) -> int:
+        if col not in before.names:
+            raise InvalidArgument(f"{option} {given!r}: topic {name!r} has no column {col!r}; "
+                                  f"its columns: {', '.join(before.names)}")
+        return before.get_field_index(col)
+
+    for text in widen or []:
+        f = _one_column(text, "--widen")
+        i = column(f.name, "--widen", text)
+        fields[i] = pa.field(f.name, f.type, fields[i].nullable, fields[i].metadata)
+    for col in nullable or []:
+        i = column(col, "--nullable", col)
+        fields[i] = fields[i].with_nullable(True)
+    for text in add or []:
+        f = _one_column(text, "--add-column")
+        if f.name in [g.name for g in fields]:
+            raise InvalidArgument(f"--add-column {text!r}: topic {name!r} has a column "
+                                  f"{f.name!r} already (--widen changes its type)")
+        fields.append(f)
+    after = t.evolve(pa.schema(fields, metadata=before.metadata))
+    return {"topic": name, "version": t.version, "before": schema_text(before),
+            "schema": schema_text(after), "changes": schema_changes(before, after, type_text)}
 
 
 def topic_config(store: Store, name: str, set_: dict[str, str] | None = None,
@@ -145,6 +189,12 @@ def cmd_create_topic(args: argparse.Namespace) -> int:
 def cmd_add_partitions(args: argparse.Namespace) -> int:
     out.emit(add_partitions(sc.open_store(args.root), args.topic, args.n), args.json,
              out.render_partitions)
+    return 0
+
+
+def cmd_alter_topic(args: argparse.Namespace) -> int:
+    out.emit(alter_topic(sc.open_store(args.root), args.topic, args.add_column, args.widen,
+                         args.nullable), args.json, out.render_altered)
     return 0
 
 
@@ -226,6 +276,24 @@ def add_commands(command: Any) -> None:
     a.add_argument("n", type=whole(1), metavar="N", help="how many partitions to add")
     add_json(a)
     a.set_defaults(func=cmd_add_partitions)
+
+    e = command("alter-topic", "change a topic's schema as Delta allows: add nullable "
+                               "columns, widen types, make columns nullable")
+    e.epilog = ('Example: pafka alter-topic ROOT clicks --add-column "country string" '
+                '--widen "user bigint"')
+    add_root(e)
+    add_topic(e)
+    e.add_argument("--add-column", action="append", metavar="\"NAME TYPE\"",
+                   help="add a nullable column (Spark DDL type); older records read it as null")
+    e.add_argument("--widen", action="append", metavar="\"NAME TYPE\"",
+                   help="widen a column: tinyint, smallint, int, bigint; float, double; a "
+                        "decimal's precision at the same scale")
+    e.add_argument("--nullable", action="append", metavar="NAME",
+                   help="make a non-null column nullable")
+    add_json(e)
+    e.set_defaults(func=cmd_alter_topic, parser=e, check_usage=lambda a: (
+        "give at least one of --add-column, --widen and --nullable"
+        if not (a.add_column or a.widen or a.nullable) else None))
 
     g = command("config", "show a topic's configuration, its own values marked, or change "
                           "them for every process")
