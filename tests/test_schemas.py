@@ -217,11 +217,50 @@ def test_a_forged_schema_entry_is_a_corrupt_log():
     assert st.schema.equals(V2) and [h[0] for h in st.schemas] == [0, 1]
 
 
-def test_a_store_with_a_lake_tier_refuses_to_evolve_a_topic_yet(tmp_path):
+PAD = "x" * 200  # enough bytes that the migration service demotes segments
+
+
+def test_a_topic_in_a_lake_evolves_its_delta_table_and_reads_old_files(tmp_path):
+    import deltalake
+    import polars as pl
+
+    from migration import MigrationService
     from tier_store import Store
     s = Store.open(str(tmp_path / "s"), {"storage.tiers.types": "FILE,LAKE",
                                         "storage.tiers.first.paths": str(tmp_path / "t1"),
-                                        "storage.tiers.first.sizes": "1m"})
-    t = s.create_topic("t", V1, partitions=1)
-    with pytest.raises(SchemaMismatch, match="lake tier cannot change yet"):
-        t.evolve(V2)
+                                        "storage.tiers.first.sizes": "1m",
+                                        "log.segment.bytes": "64k",
+                                        "storage.migrate.threshold": 0.1})
+    base = V1.append(pa.field("score", pa.float32()))
+    t = s.create_topic("t", base, partitions=1)
+    # Before the table exists, any allowed change goes: the table is made in the new schema.
+    wide = _with(base, "id", pa.field("id", pa.int64(), False))
+    t.evolve(wide)
+    for i in range(0, 4000, 100):
+        t.append(pa.record_batch([pa.array(range(i, i + 100), pa.int64()),
+                                  pa.array([f"n{j}" + PAD for j in range(i, i + 100)]),
+                                  pa.array([0.5] * 100, pa.float32())], schema=wide))
+    MigrationService(s).run_once()
+    uri = s.tier(2).table_uri("t", t.id)
+    assert deltalake.DeltaTable(uri).file_uris()
+    # Once it holds files, a widening is refused before anything is published...
+    v = t.version
+    with pytest.raises(SchemaMismatch, match="Delta table, which cannot widen a type.*"
+                                             "widened score float → double"):
+        t.evolve(_with(wide, "score", pa.field("score", pa.float64())))
+    assert t.version == v
+    # ... while an added column and a dropped NOT NULL change the table in the same step.
+    v2 = _with(wide, "id", pa.field("id", pa.int64())).append(pa.field("country", pa.string()))
+    t.evolve(v2)
+    fields = {f.name: f for f in deltalake.DeltaTable(uri).schema().fields}
+    assert fields["country"].nullable and fields["id"].nullable
+    t.append(pa.record_batch([pa.array([9000], pa.int64()), pa.array(["late"]),
+                              pa.array([1.5], pa.float32()), pa.array(["fr"])], schema=v2))
+    MigrationService(s).run_once()
+    # pafka reads the lake's old files in the new schema; so does another engine.
+    got = [r for b in t.read(0, 0) for r in zip(*b.to_pydict().values(), strict=True)]
+    assert got[:2] == [(0, "n0" + PAD, 0.5, None), (1, "n1" + PAD, 0.5, None)]
+    assert len(got) == 4001
+    assert got[-1] == (9000, "late", 1.5, "fr")
+    df = pl.read_delta(uri)
+    assert 0 < df.height <= 4001 and df["country"].null_count() >= df.height - 1

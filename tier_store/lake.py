@@ -274,7 +274,9 @@ def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
         pf = pq.ParquetFile(source, metadata=meta, page_checksum_verification=True)
         index = {(meta.row_group(i).num_rows, _group_range(meta.row_group(i))[0]): i
                  for i in range(meta.num_row_groups)}
-        want = None if columns is None else [*columns, OFFSET, TIMESTAMP]
+        held = set(meta.schema.names)  # a file written before the topic gained columns
+        want = [*(c for c in (schema.names if columns is None else columns) if c in held),
+                OFFSET, TIMESTAMP]
         out = []
         for g, _ in groups:
             i = index.get((g.records, g.pos))
@@ -289,7 +291,10 @@ def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
                                      f"offsets [{g.base}, {g.base + g.records})")
             keep = schema if columns is None else pa.schema([schema.field(c) for c in columns])
             times = table.column(TIMESTAMP).cast(pa.int64()).to_numpy()
-            table = table.select(keep.names).cast(keep)
+            n = table.num_rows
+            table = pa.Table.from_arrays(
+                [table.column(f.name).cast(f.type) if f.name in held else pa.nulls(n, f.type)
+                 for f in keep], schema=keep)
             cuts = [0, *(np.flatnonzero(np.diff(times)) + 1).tolist(), len(times)]
             for a, b in zip(cuts, cuts[1:], strict=False):
                 out.extend((x, int(times[a])) for x in table.slice(a, b - a).to_batches())

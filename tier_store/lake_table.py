@@ -75,6 +75,7 @@ class LakeTable:
         self._files_at = -1
         self.loads = 0  # full loads of the table's state and of its files' list (tests count)
         self.retention_checked = -math.inf  # time.monotonic() of lake retention's last look
+        self._evolved: pa.Schema | None = None  # the topic schema evolve() last applied
 
     def __repr__(self) -> str:
         return f"LakeTable({self.uri!r})"
@@ -217,6 +218,38 @@ class LakeTable:
         metrics = dt.delete(predicate)
         dt.vacuum(retention_hours=vacuum_hours, dry_run=False, enforce_retention_duration=False)
         return int(metrics.get("num_deleted_rows", 0) or 0)
+
+    @_locked
+    def evolve(self, topic_schema: pa.Schema) -> list[str]:
+        """Make the table's schema the topic's ``topic_schema`` (an allowed evolution of the
+        one it had): add the columns it lacks, nullable, and drop NOT NULL where the topic
+        dropped it. Returns what it changed. A type cannot widen here (delta-rs has no type
+        widening): :class:`PafkaError` naming the column. Files written before read the added
+        columns as nulls, in every engine."""
+        if self._evolved is not None and self._evolved.equals(topic_schema):
+            return []  # this handle made it so already: a demotion asks each time
+        self.schema = table_schema(topic_schema)
+        dt = self._open()
+        if dt is None:
+            return []  # made with the topic's schema at the first demotion
+        dl = _deltalake()
+        have = {f.name: f for f in dt.schema().fields}  # Delta's types, not Arrow's
+        done = []
+        for f in topic_schema:
+            held = have.get(f.name)
+            want = dl.Schema.from_arrow(pa.schema([f.with_nullable(True)])).fields
+            if held is None:
+                dt.alter.add_columns(want)
+                done.append(f"added {f.name}")
+            elif str(held.type) != str(want[0].type):
+                raise PafkaError(f"{self}: column {f.name!r} is {held.type} in the Delta table; "
+                                 f"it cannot become {want[0].type} there (delta-rs has no type "
+                                 "widening)")
+            elif f.nullable and not held.nullable:
+                dt.alter.drop_column_not_null(f.name)
+                done.append(f"made {f.name} nullable")
+        self._evolved = topic_schema
+        return done
 
     @_locked
     def version(self) -> int:

@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from .entries import SchemaEntry
-from .errors import CorruptLog, InvalidArgument, SchemaMismatch
+from .errors import CorruptLog, SchemaMismatch
 
 if TYPE_CHECKING:
-    from .state import TopicState
     from .topic import Topic
 
 
@@ -177,30 +174,6 @@ def merge(have: pa.Schema, data: pa.Schema, topic: str) -> pa.Schema:
         return have
     check(have, merged, topic)
     return merged
-
-
-def evolve(topic: Topic, schema: pa.Schema) -> pa.Schema:
-    """``Topic.evolve``: make ``schema`` the topic's schema, in one ``schema`` entry of its
-    commit log, which every reader and writer reads. :class:`SchemaMismatch` naming each
-    problem unless it is an allowed evolution (see the module). Idempotent: the schema the
-    topic has already publishes nothing. Concurrent changes are decided one after another,
-    each against the schema the one before it left. Returns the topic's schema after it."""
-    if not isinstance(schema, pa.Schema):
-        raise InvalidArgument(f"evolve takes a pyarrow.Schema, got {type(schema).__name__}")
-    if any(t.is_lake for t in topic.store.tiers):
-        # Its Delta table would have to change in the same step: not built yet.
-        raise SchemaMismatch(f"topic {topic.name!r}: the schema of a topic in a store with a "
-                             "lake tier cannot change yet")
-
-    def make(st: TopicState) -> SchemaEntry | None:
-        assert st.schema is not None
-        if st.schema.equals(schema, check_metadata=True):
-            return None
-        check(st.schema, schema, topic.name)
-        return SchemaEntry(max(st.last_ts, int(time.time() * 1000)), schema_to_text(schema))
-
-    topic.log.publish_retrying(make)
-    return topic.schema
 
 
 def history(topic: Topic) -> list[tuple[int, int, pa.Schema]]:

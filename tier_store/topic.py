@@ -31,6 +31,7 @@ from .commit_log import CommitLog
 from .conflicts import Requirement
 from .entries import ChunkRecord, DeleteEntry, LakeRecord, MoveEntry, PartitionsEntry
 from .errors import InvalidArgument
+from .evolve import evolve
 from .flusher import Flusher
 from .follow import follow
 from .layout import fsync_dir
@@ -38,7 +39,6 @@ from .maintenance import retention
 from .partition import PartitionLog
 from .reading import ReadPlan, execute, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
-from .schemas import evolve
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
 from .tables import as_table, check_valid, conform, loose_type, route, split_chunks, time_range
@@ -344,7 +344,7 @@ class Topic(positions.GroupPositions):
         return st.partitions
 
     set_config = set_config  # the topic's own keys, in its log: tier_store.topic_config
-    evolve = evolve  # an allowed change of the schema, in its log: tier_store.schemas
+    evolve = evolve  # an allowed change of the schema, in its log: tier_store.evolve
 
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""

@@ -87,6 +87,7 @@ def demote(topic: Topic, target: LakeTier, segs: Sequence[SegmentState], rows: n
     record the move entry names."""
     p = segs[0].partition
     table = lake_table(topic, target)
+    table.evolve(topic.schema)  # a schema change its evolve could not make there (a crash)
     first, last = segs[0].seq, segs[-1].seq
     held = [run for run in table.held(p) if run[0] <= last and first <= run[1]]
     if held and held != [(first, last)]:
