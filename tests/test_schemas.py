@@ -73,12 +73,15 @@ def test_each_allowed_change_passes_and_is_described():
     (_with(BASE, "price", pa.field("price", pa.decimal128(12, 3))),
      ["'price'", "same scale"]),
     (BASE.append(pa.field("name", pa.int8())), ["'name'", "more than once"]),
+    (pa.schema([("tags", pa.list_(pa.field("item", pa.string(), nullable=False)))]),
+     ["'tags'", "a nested type never changes"]),
 ])
 def test_each_refused_change_names_the_column_and_the_rule(new, words):
-    found = problems(BASE, new)
+    old = BASE if "tags" not in new.names else pa.schema([("tags", pa.list_(pa.string()))])
+    found = problems(old, new)
     assert found, new
     with pytest.raises(SchemaMismatch) as e:
-        check(BASE, new, "clicks")
+        check(old, new, "clicks")
     text = str(e.value)
     assert "topic 'clicks'" in text and "allowed: add a nullable column" in text
     for w in words:
@@ -90,10 +93,10 @@ def test_merge_adds_new_columns_and_widens_where_the_data_needs():
                       ("price", pa.decimal128(10, 2)), ("country", pa.string())])
     merged = merge(BASE, data, "t")
     assert merged.names == ["id", "name", "score", "price", "country"]
-    assert merged.field("id").type == pa.int64() and merged.field("id").nullable
+    # A nullable DataFrame column leaves NOT NULL as it is (Spark's columns are nullable).
+    assert merged.field("id").type == pa.int64() and not merged.field("id").nullable
     assert merged.field("country").nullable
-    assert changes(BASE, merged) == ["widened id int32 → int64", "made id nullable",
-                                     "added country string"]
+    assert changes(BASE, merged) == ["widened id int32 → int64", "added country string"]
     # Data in the topic's own schema, or narrower, or lacking a nullable column, fits as is.
     assert merge(BASE, BASE, "t") is BASE
     narrow = _with(BASE, "score", pa.field("score", pa.float16())).remove(1)
@@ -174,6 +177,26 @@ def test_a_topic_evolves_and_reads_its_old_chunks_in_the_new_schema(file_store):
         t.append(_v1(0, 1))
 
 
+def test_a_read_of_some_columns_gives_those_in_the_order_asked(file_store):
+    from tier_store import InvalidArgument
+    t = file_store.create_topic("t", V1, partitions=1)
+    t.append(_v1(0, 3))
+    t.evolve(V2)
+    t.append(_v2(3, 2))
+    got = [b for b in t.read(0, 0, columns=["country", "id"])]
+    assert all(b.schema.names == ["country", "id"] for b in got)
+    assert pa.Table.from_batches(got).to_pydict() == {"country": [None] * 3 + ["fr"] * 2,
+                                                      "id": [0, 1, 2, 3, 4]}
+    assert pa.Table.from_batches(list(t.read(0, 3, columns=("name",)))).column(0).to_pylist() \
+        == ["n3", "n4"]
+    for bad, words in ((["nope"], "no column(s) 'nope'; the columns are id, name, country"),
+                       (["id", "id"], "a column named twice"), ([], "no column named"),
+                       ("id", "as a list of names")):
+        with pytest.raises(InvalidArgument, match=words.replace("(", "\\(").replace(
+                ")", "\\)")):
+            list(t.read(0, 0, columns=bad))
+
+
 def test_a_refused_evolution_publishes_nothing(file_store):
     t = file_store.create_topic("t", V1, partitions=1)
     t.append(_v1(0, 5))
@@ -228,10 +251,11 @@ def test_a_topic_in_a_lake_evolves_its_delta_table_and_reads_old_files(tmp_path)
     from tier_store import Store
     s = Store.open(str(tmp_path / "s"), {"storage.tiers.types": "FILE,LAKE",
                                         "storage.tiers.first.paths": str(tmp_path / "t1"),
-                                        "storage.tiers.first.sizes": "1m",
+                                        "storage.tiers.first.sizes": "2m",
                                         "log.segment.bytes": "64k",
                                         "storage.migrate.threshold": 0.1})
-    base = V1.append(pa.field("score", pa.float32()))
+    base = V1.append(pa.field("score", pa.float32())).append(
+        pa.field("tags", pa.list_(pa.string())))
     t = s.create_topic("t", base, partitions=1)
     # Before the table exists, any allowed change goes: the table is made in the new schema.
     wide = _with(base, "id", pa.field("id", pa.int64(), False))
@@ -239,7 +263,8 @@ def test_a_topic_in_a_lake_evolves_its_delta_table_and_reads_old_files(tmp_path)
     for i in range(0, 4000, 100):
         t.append(pa.record_batch([pa.array(range(i, i + 100), pa.int64()),
                                   pa.array([f"n{j}" + PAD for j in range(i, i + 100)]),
-                                  pa.array([0.5] * 100, pa.float32())], schema=wide))
+                                  pa.array([0.5] * 100, pa.float32()),
+                                  pa.array([["a", "b"]] * 100)], schema=wide))
     MigrationService(s).run_once()
     uri = s.tier(2).table_uri("t", t.id)
     assert deltalake.DeltaTable(uri).file_uris()
@@ -255,12 +280,36 @@ def test_a_topic_in_a_lake_evolves_its_delta_table_and_reads_old_files(tmp_path)
     fields = {f.name: f for f in deltalake.DeltaTable(uri).schema().fields}
     assert fields["country"].nullable and fields["id"].nullable
     t.append(pa.record_batch([pa.array([9000], pa.int64()), pa.array(["late"]),
-                              pa.array([1.5], pa.float32()), pa.array(["fr"])], schema=v2))
+                              pa.array([1.5], pa.float32()), pa.array([["z"]]),
+                              pa.array(["fr"])], schema=v2))
     MigrationService(s).run_once()
     # pafka reads the lake's old files in the new schema; so does another engine.
     got = [r for b in t.read(0, 0) for r in zip(*b.to_pydict().values(), strict=True)]
-    assert got[:2] == [(0, "n0" + PAD, 0.5, None), (1, "n1" + PAD, 0.5, None)]
+    # A nested column of an old lake file reads as it was written (not as nulls).
+    assert got[:2] == [(0, "n0" + PAD, 0.5, ["a", "b"], None),
+                       (1, "n1" + PAD, 0.5, ["a", "b"], None)]
     assert len(got) == 4001
-    assert got[-1] == (9000, "late", 1.5, "fr")
+    assert got[-1] == (9000, "late", 1.5, ["z"], "fr")
+    lake_part = pa.Table.from_batches(list(t.read(0, 0, 2, columns=["country", "score"])))
+    assert lake_part.to_pydict() == {"country": [None, None], "score": [0.5, 0.5]}
     df = pl.read_delta(uri)
     assert 0 < df.height <= 4001 and df["country"].null_count() >= df.height - 1
+
+
+def test_a_chunk_not_in_the_topics_schema_or_an_older_one_is_refused():
+    from tier_store import CorruptSegment
+    from tier_store.chunk import _encode
+    from tier_store.chunk_decoder import ChunkDecoder
+    for schema, data in (
+            (pa.schema([("id", pa.string()), ("name", pa.string())]),  # a type it never had
+             [pa.array(["1"]), pa.array(["a"])]),
+            (pa.schema([("name", pa.string())]), [pa.array(["a"])])):  # NOT NULL id missing
+        batch = pa.record_batch(data, schema=schema)
+        buf = _encode([batch], schema, "none")
+        with pytest.raises(CorruptSegment, match="does not hold the topic's schema or an older"):
+            ChunkDecoder(target=V1).batches(buf, lambda: "chunk")
+    # A string column written as large_string by an older writer still reads.
+    old = pa.schema([pa.field("id", pa.int32(), False), ("name", pa.large_string())])
+    buf = _encode([pa.record_batch([pa.array([1], pa.int32()), pa.array(["a"], pa.large_string())],
+                                   schema=old)], old, "none")
+    assert ChunkDecoder(target=V1).batches(buf, lambda: "chunk")[0].schema.equals(V1)

@@ -46,8 +46,11 @@ from .ownership.roots import root_location
 from .pins import MAPS
 from .reading import PlannedChunk, ReadPlan, SkipCorrupt, execute, read_counts, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
+from .schemas import Adapter as SchemaAdapter
 from .schemas import changes as schema_changes
 from .schemas import history as schema_history
+from .schemas import merge as merge_schemas
+from .schemas import selected as select_columns
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .sharing import SharedTier
@@ -131,6 +134,9 @@ __all__ = [
     "apply_lake_retention",
     "purge_lake",
     "read_counts",
+    "merge_schemas",
     "schema_changes",
     "schema_history",
+    "select_columns",
+    "SchemaAdapter",
 ]

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from .chunk import _UNREADABLE, read_chunk
 from .errors import CorruptSegment
-from .schemas import Adapter
+from .schemas import Adapter, readable_as
 
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an IPC stream's end marker
 
@@ -50,10 +50,15 @@ class ChunkDecoder:
     _adapters: dict[int, tuple[pa.Buffer, pa.Schema, Adapter | None]] = {}
 
     def __init__(self, check: bool = True, key: str = "",
-                 target: pa.Schema | None = None) -> None:
+                 target: pa.Schema | None = None,
+                 columns: tuple[str, ...] | None = None) -> None:
         self._check = check
         self._key = key
         self._target = target
+        # Only these of the target's columns are read (validated, adapted, handed out).
+        self._columns = columns
+        self._out = target if columns is None or target is None else \
+            pa.schema([target.field(c) for c in columns])
         # Never changed in place (shared with ``_known``): a new schema makes a new list.
         self._seen: list[tuple[pa.Schema, pa.Buffer]] = \
             ChunkDecoder._known.get(key, []) if key else []
@@ -67,7 +72,10 @@ class ChunkDecoder:
             one, seen = hit
             if self._check:
                 try:
-                    one.validate(full=True)
+                    # Only what is handed out: other columns' bytes are never looked at.
+                    (one if self._columns is None else
+                     one.select([c for c in self._columns if c in seen[0].names])
+                     ).validate(full=True)
                 except _UNREADABLE as e:
                     raise CorruptSegment(f"{where()}: the chunk holds an invalid record batch "
                                          f"({type(e).__name__}: {e})") from None
@@ -111,22 +119,29 @@ class ChunkDecoder:
     def _adapter(self, seen: tuple[pa.Schema, pa.Buffer], where: Callable[[], str]
                  ) -> Adapter | None:
         schema, prefix = seen
-        target = self._target
-        assert target is not None
+        target, out = self._target, self._out
+        assert target is not None and out is not None
         adapters = ChunkDecoder._adapters
         held = adapters.get(id(prefix))
-        if held is not None and held[0] is prefix and (held[1] is target or
-                                                       held[1].equals(target)):
+        if held is not None and held[0] is prefix and (held[1] is out or held[1].equals(out)):
             return held[2]
         names = _names(schema)
-        # The chunk's columns must be the target's, in its order; some may be added since.
+        # The chunk's columns must be the target's, in its order, each of its type or one it
+        # widens; those it lacks were added since (nullable).
         if names is None or [n for n in target.names if n in names] != names:
             raise CorruptSegment(f"{where()}: the chunk's columns {names} are not those of the "
                                  f"topic's schema or an older one ({target.names})")
-        adapter = Adapter(schema, target)
+        bad = [f"{f.name} is {f.type} there, {target.field(f.name).type} in the topic"
+               for f in schema if not readable_as(f.type, target.field(f.name).type)]
+        bad += [f"{f.name} is missing, and not nullable in the topic" for f in target
+                if f.name not in names and not f.nullable]
+        if bad:
+            raise CorruptSegment(f"{where()}: the chunk does not hold the topic's schema or an "
+                                 f"older one: {'; '.join(bad)}")
+        adapter = Adapter(schema, out)
         if len(adapters) >= 4 * self._KNOWN_MAX:
             adapters.clear()
-        adapters[id(prefix)] = (prefix, target, None if adapter.identity else adapter)
+        adapters[id(prefix)] = (prefix, out, None if adapter.identity else adapter)
         return None if adapter.identity else adapter
 
     def _single(self, buf: pa.Buffer

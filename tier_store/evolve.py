@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from .entries import SchemaEntry
 from .errors import InvalidArgument, PafkaError, SchemaMismatch
+from .lake import table_schema
 from .maintenance.demote import lake_table
 from .schemas import changes, check, schema_to_text
 
@@ -43,6 +44,11 @@ def evolve(topic: Topic, schema: pa.Schema) -> pa.Schema:
         if st.schema.equals(schema, check_metadata=True):
             return None
         check(st.schema, schema, topic.name)
+        if table is not None:
+            try:
+                table_schema(schema)  # names the lake's own columns take
+            except PafkaError as e:
+                raise SchemaMismatch(f"topic {topic.name!r}: {e}") from None
         widened = [c for c in changes(st.schema, schema) if c.startswith("widened")]
         if widened and table is not None and table.version() >= 0:
             raise SchemaMismatch(

@@ -274,7 +274,9 @@ def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
         pf = pq.ParquetFile(source, metadata=meta, page_checksum_verification=True)
         index = {(meta.row_group(i).num_rows, _group_range(meta.row_group(i))[0]): i
                  for i in range(meta.num_row_groups)}
-        held = set(meta.schema.names)  # a file written before the topic gained columns
+        # The file's top-level columns (Parquet's own names are its leaves'): one written
+        # before the topic gained columns lacks them.
+        held = set(meta.schema.to_arrow_schema().names)
         want = [*(c for c in (schema.names if columns is None else columns) if c in held),
                 OFFSET, TIMESTAMP]
         out = []

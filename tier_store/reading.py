@@ -111,6 +111,7 @@ class ReadPlan:
     topic_id: str = ""  # the incarnation planned against
     # The topic's schema when planned: every chunk is read as it (older ones adapted).
     schema: pa.Schema | None = None
+    columns: tuple[str, ...] | None = None  # only these (checked against ``schema``)
 
     @property
     def records(self) -> int:
@@ -160,8 +161,7 @@ def _replan(plan: ReadPlan, start: int, c: PlannedChunk) -> ReadPlan:
             + (" and created again" if topic is not None else ""))
     plan_read: Callable[[int, int, int], ReadPlan] = topic.plan_read
     again = plan_read(plan.partition, start, plan.end)
-    # Those offsets were committed before the plan was made: in its schema or an older one.
-    again.schema = plan.schema
+    again.schema, again.columns = plan.schema, plan.columns  # its offsets are in that schema
     return again
 
 
@@ -231,7 +231,8 @@ def _execute(plan: ReadPlan, verify: bool, replanned_at: int | None,
     """:func:`execute`; ``replanned_at`` is the offset of the last re-planning (-1 none yet),
     None when re-planning is off."""
     at_offset = plan.start
-    decoder = ChunkDecoder(check=verify, key=plan.topic_id, target=plan.schema)
+    decoder = ChunkDecoder(check=verify, key=plan.topic_id, target=plan.schema,
+                           columns=plan.columns)
     # How far the plan reads into each local file: its mapping must reach that far, and the
     # file must still be that long when it is mapped (a file truncated from outside the store
     # is CorruptSegment then; truncated later, under the mapping, it may kill the process).
@@ -370,7 +371,8 @@ def _read_lake(plan: ReadPlan, c: PlannedChunk,
         group = LakeGroup(c.pos, c.length, c.base, c.records, c.checksum, c.timestamp)
         f = LakeFile("", lake.size, lake.footer_pos, lake.footer_length, lake.footer_checksum,
                      (group,))
-        timed = decode_timed(where, f, footer, [(group, data)], lake.schema, whole=whole)
+        timed = decode_timed(where, f, footer, [(group, data)], plan.schema or lake.schema,
+                             plan.columns, whole=whole)
     except FileNotFoundError:
         raise DataLoss(f"{where}, which is missing from the lake table") from None
     except CorruptSegment as e:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from .errors import CorruptLog, SchemaMismatch
+from .errors import CorruptLog, InvalidArgument, SchemaMismatch
 
 if TYPE_CHECKING:
     from .topic import Topic
@@ -90,6 +90,17 @@ def _same(old: pa.DataType, new: pa.DataType) -> bool:
     return loose_type(old).equals(loose_type(new))
 
 
+_LARGE = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}
+
+
+def readable_as(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether a chunk's column of type ``old`` reads as the topic's ``new``: the same data,
+    an allowed widening, or the large variant of a string or binary type (older writers)."""
+    if _same(old, new) or widens(old, new):
+        return True
+    return any({old, new} == {small, large} for small, large in _LARGE.items())
+
+
 def problems(old: pa.Schema, new: pa.Schema) -> list[str]:
     """What makes ``new`` not an allowed evolution of ``old``: one line per column, naming
     it and the rule broken (empty when allowed, or when the schemas are the same)."""
@@ -113,7 +124,11 @@ def problems(old: pa.Schema, new: pa.Schema) -> list[str]:
                            "before it have no values for it, so it must be nullable")
             continue
         was = old.field(f.name)
-        if not _same(was.type, f.type) and not widens(was.type, f.type):
+        if _same(was.type, f.type) and pa.types.is_nested(f.type) and \
+                not was.type.equals(f.type):
+            out.append(f"column {f.name!r} changes its nested type {was.type} → {f.type}: a "
+                       "nested type never changes")
+        elif not _same(was.type, f.type) and not widens(was.type, f.type):
             rule = ("a type never narrows" if widens(f.type, was.type) else
                     f"a type only widens, {WIDENINGS}")
             out.append(f"column {f.name!r} changes type {was.type} → {f.type}: {rule}")
@@ -166,7 +181,9 @@ def merge(have: pa.Schema, data: pa.Schema, topic: str) -> pa.Schema:
             raise SchemaMismatch(f"data written to topic {topic!r} has column {f.name!r} as "
                                  f"{got.type}, which the topic's {f.type} cannot take or "
                                  f"widen to (allowed: {ALLOWED})")
-        fields.append(pa.field(f.name, t, f.nullable or got.nullable, f.metadata))
+        # A nullable DataFrame column (Spark's usually are) leaves NOT NULL as it is: a write
+        # holding nulls there is refused then, as without mergeSchema.
+        fields.append(pa.field(f.name, t, f.nullable, f.metadata))
     fields += [pa.field(f.name, f.type, True, f.metadata) for f in data
                if f.name not in have.names]
     merged = pa.schema(fields, metadata=have.metadata)
@@ -174,6 +191,20 @@ def merge(have: pa.Schema, data: pa.Schema, topic: str) -> pa.Schema:
         return have
     check(have, merged, topic)
     return merged
+
+
+def selected(schema: pa.Schema, columns: object, what: str) -> tuple[str, ...]:
+    """``columns`` (names of ``schema``'s columns, each once), checked: :class:`InvalidArgument`
+    naming ``what`` and the columns there are otherwise."""
+    if not isinstance(columns, list | tuple) or not all(isinstance(c, str) for c in columns):
+        raise InvalidArgument(f"{what}: give the columns as a list of names, got {columns!r}")
+    names = tuple(columns)
+    unknown = [c for c in names if c not in schema.names]
+    if unknown or not names or len(set(names)) != len(names):
+        why = f"no column(s) {', '.join(map(repr, unknown))}" if unknown else \
+            "no column named" if not names else "a column named twice"
+        raise InvalidArgument(f"{what}: {why}; the columns are {', '.join(schema.names)}")
+    return names
 
 
 def history(topic: Topic) -> list[tuple[int, int, pa.Schema]]:

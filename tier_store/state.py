@@ -295,7 +295,9 @@ class TopicState:
             "format": 5 if len(self.schemas) > 1 else
             4 if any(s.lake is not None for s in self.segments.values()) else 3,
             "name": self.name, "version": self.version,
-            "schema": schema_to_text(self.schema) if self.schema is not None else None,
+            # The text the log holds (another pyarrow may serialize the same schema otherwise).
+            "schema": self.schemas[-1][2] if len(self.schemas) > 1 else
+            schema_to_text(self.schema) if self.schema is not None else None,
             "partitions": self.partitions, "config": self.config,
             "created_ts": self.created_ts, "last_ts": self.last_ts,
             "topic_id": self.topic_id,

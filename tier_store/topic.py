@@ -39,6 +39,7 @@ from .maintenance import retention
 from .partition import PartitionLog
 from .reading import ReadPlan, execute, skip_warning
 from .records import AppendResult, ChunkRef, SegmentInfo
+from .schemas import selected
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
 from .tables import as_table, check_valid, conform, loose_type, route, split_chunks, time_range
@@ -218,16 +219,13 @@ class Topic(positions.GroupPositions):
         return self.partition_log(p).active_segment()
 
     def share(self, refs: Sequence[ChunkRef]) -> list[ChunkRef]:
-        """On a store shared by many hosts, upload the chunks of ``refs`` (written on this
-        host, made durable by :meth:`sync`) to the shared tier as one object, and return the
-        references naming it: a write task calls this before handing its references to the
-        committer, so committed data survives the loss of this host. Elsewhere (and for
-        references shared already) returns ``refs`` as they are."""
+        """On a store shared by many hosts, upload the chunks of ``refs`` (made durable by
+        :meth:`sync`) to the shared tier as one object; returns the references naming it. A
+        write task calls this before handing its references to the committer: committed data
+        survives the loss of this host. Elsewhere returns ``refs`` as they are."""
         shared = self.store.shared
-        refs = list(refs)
-        if shared is None:
-            return refs
-        return sharing.share(shared, self.id, refs, self.store.tier)
+        return list(refs) if shared is None else \
+            sharing.share(shared, self.id, list(refs), self.store.tier)
 
     # -- writing: step 2 ------------------------------------------------------------------
     def commit(self, refs: list[ChunkRef], writer_id: str | None = None,
@@ -289,15 +287,18 @@ class Topic(positions.GroupPositions):
 
     # -- reading ------------------------------------------------------------------------------
     def read(self, partition: int, start: int, end: int | None = None, verify: bool = True,
-             skip_corrupt: bool = False) -> Iterator[pa.RecordBatch]:
-        """Yield the records ``[start, end)`` of ``partition`` as Arrow batches, zero-copy;
-        ``end=None``: to the latest offset. Below the earliest: :class:`DataLoss`. Each
-        chunk's checksum and batches are checked first (:class:`CorruptSegment`, or with
-        ``skip_corrupt`` a warning naming the offsets skipped); ``verify=False`` trusts the
-        bytes: a damaged chunk may give wrong rows or crash the process."""
+             skip_corrupt: bool = False, columns: Sequence[str] | None = None
+             ) -> Iterator[pa.RecordBatch]:
+        """Yield the records ``[start, end)`` of ``partition`` (``end=None``: to the latest)
+        as Arrow batches, zero-copy, in the topic's schema (``columns``: only those). Below
+        the earliest: :class:`DataLoss`. Chunks are checked first (:class:`CorruptSegment`,
+        or with ``skip_corrupt`` a warning naming the offsets skipped); ``verify=False``
+        trusts the bytes: a damaged chunk may give wrong rows or crash the process."""
+        plan = self.plan_read(partition, start, end)
+        if columns is not None:
+            plan.columns = selected(plan.schema, columns, f"topic {self.name!r}: read columns")
         skip = skip_warning("read") if skip_corrupt else None
-        for pb in execute(self.plan_read(partition, start, end), verify, skip_corrupt=skip):
-            yield pb.batch
+        yield from (pb.batch for pb in execute(plan, verify, skip_corrupt=skip))
 
     follow = follow  # yields a partition's records as they are committed: tier_store.follow
 
