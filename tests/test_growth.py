@@ -556,3 +556,32 @@ def test_rows_committed_since_a_time_are_found_whatever_the_clock_did(stamps, cu
     assert seg.loose_since(since).tolist() == want.tolist()
     seg.keep_loose(rows[cut:])
     assert seg.loose_since(since).tolist() == rows[cut:][rows[cut:]["ts"] >= since].tolist()
+
+
+def test_finding_an_offset_by_time_reads_one_segments_rows(tmp_path, monkeypatch):
+    # startingTimestamp and pushed _timestamp filters ask per partition: the segment holding
+    # the time is found by its last commit time; no other segment's rows are read.
+    import time
+
+    import numpy as np
+
+    from tier_store import chunk_index
+    from tier_store.index_pieces import IndexPieces
+    monkeypatch.setattr(chunk_index, "PIECE_ROWS", 4)
+    store = _store(tmp_path, **{"log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for _ in range(4):
+        _fill_segments(topic, 10)
+        time.sleep(0.005)
+    fresh = Store.open(str(tmp_path / "store")).topic("t")
+    rows = fresh.state().part(0).chunks.rows().copy()
+    for ts in (int(rows["ts"][0]) - 1, int(rows["ts"][len(rows) // 2]),
+               int(rows["ts"][-1]), int(rows["ts"][-1]) + 1):
+        want = int(rows["base"][np.searchsorted(rows["ts"], ts)]) \
+            if ts <= rows["ts"][-1] else topic.latest_offsets()[0]
+        again = Store.open(str(tmp_path / "store")).topic("t")
+        IndexPieces._cache.clear()
+        IndexPieces._cached_bytes = 0
+        before = IndexPieces.loaded
+        assert again.offset_for_time(0, ts) == want
+        assert IndexPieces.loaded - before <= 3  # one segment's list and pieces, not 40

@@ -7,6 +7,7 @@ topic handle stays a thin façade and the views can be tested on a state alone.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -167,10 +168,23 @@ def topic_bytes_by_tier(topic: Any, ranges: Iterable[tuple[int, int, int]]
 
 
 def offset_for_time(st: TopicState, p: int, timestamp_ms: int) -> int:
-    """The first offset committed at or after ``timestamp_ms`` (latest if none)."""
-    rows = st.part(p).chunks.rows()
-    i = int(np.searchsorted(rows["ts"], timestamp_ms, side="left"))
-    return int(rows["base"][i]) if i < len(rows) else st.part(p).next_offset
+    """The first offset committed at or after ``timestamp_ms`` (latest if none). Commit
+    times rise with offsets (they are monotonic per topic), so the segment holding it is
+    the first whose last commit time reaches it: only that segment's rows are read, however
+    long the history."""
+    part = st.part(p)
+    segs = sorted(part.segments.values(), key=lambda s: s.base)
+    lasts = [s.last_ts for s in segs]
+    if any(a > b for a, b in zip(lasts, lasts[1:], strict=False)):
+        rows = part.chunks.rows()  # a log whose clock went back (older releases): every row
+        i = int(np.searchsorted(rows["ts"], timestamp_ms, side="left"))
+        return int(rows["base"][i]) if i < len(rows) else part.next_offset
+    for seg in segs[bisect_left(lasts, timestamp_ms):]:
+        rows = part.chunks.segment_rows(seg.seq)
+        i = int(np.searchsorted(rows["ts"], timestamp_ms, side="left"))
+        if i < len(rows):
+            return int(rows["base"][i])
+    return part.next_offset
 
 
 def segment_infos(topic: str, st: TopicState, tier_of: Callable[[int], Tier],
