@@ -20,7 +20,10 @@ __version__ = "0.1.0"
 #: reach Arrow's 2 GB limit on a column's values in one batch. The
 #: setting applies to every Arrow-based Python function of the session (``mapInArrow``, pandas
 #: UDFs), which it speeds up the same way.
-SPARK_CONF: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1)}
+#: ``spark.sql.python.filterPushdown.enabled`` lets a batch read with ``pushFilters=true`` take
+#: the filters of its query (PySpark 4.1+; older versions ignore the key).
+SPARK_CONF: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+                              "spark.sql.python.filterPushdown.enabled": "true"}
 
 
 def register(spark: Any) -> None:

@@ -16,7 +16,7 @@ NAMES = {k.lower(): k for k in (
     "startingOffsetsByTimestamp", "failOnDataLoss", "includeMetadata", "maxOffsetsPerTrigger",
     "maxRecordsPerTrigger", "maxBytesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
     "minPartitions", "maxRecordsPerPartition", "consumerGroup", "verifyChecksums",
-    "timestampColumn", "writerId", "checkpointLocation")}
+    "timestampColumn", "writerId", "checkpointLocation", "mergeSchema", "pushFilters")}
 
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|sec|m|min|h|d|seconds?|minutes?|hours?|days?)?\s*$",
                           re.IGNORECASE)

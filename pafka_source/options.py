@@ -50,6 +50,13 @@ SOURCE_OPTIONS = {
     "failondataloss": "true | false: false skips ranges lost to retention and chunks that fail "
                       "their checksum or validation, with a warning",
     "includemetadata": "true | false: add _topic, _partition, _offset, _timestamp",
+    "pushfilters": "true | false: take the filters Spark pushes to a batch read (PySpark 4.1+ "
+                   "with spark.sql.python.filterPushdown.enabled, which SPARK_CONF sets): "
+                   "filters on _topic, _partition, _offset and _timestamp skip what they "
+                   "exclude before it is read",
+    "columns": "comma-separated columns of the topic to read, in that order; "
+               "only their bytes are decoded, as Spark cannot tell a Python source which "
+               "columns a query needs",
     "maxoffsetspertrigger": "positive integer: records per micro-batch at most",
     "maxrecordspertrigger": "alias of maxOffsetsPerTrigger",
     "maxbytespertrigger": "size (1 byte or more; suffixes k, m, g, t): bytes per micro-batch at "
@@ -74,6 +81,9 @@ SINK_OPTIONS = {
     "compression": "none | lz4 | zstd",
     "timestampcolumn": "event-time column whose min/max the log keeps per chunk",
     "writerid": "id that makes replays of a batch idempotent (default: the query id)",
+    "mergeschema": "true | false: evolve the topic's schema to take the DataFrame's new "
+                   "columns and wider types (Delta's mergeSchema); columns it lacks are written "
+                   "as nulls",
     "checkpointlocation": "Spark's checkpoint location",
     "pafka.config": "path of a .properties file with store configuration",
 }
@@ -118,11 +128,11 @@ SOURCE_DEFAULTS = {
     "maxoffsetspertrigger": "no limit", "maxbytespertrigger": "no limit",
     "minoffsetspertrigger": "none", "maxtriggerdelay": "15m", "minpartitions": "none",
     "maxrecordsperpartition": "1000000", "consumergroup": "none (no group recorded)",
-    "verifychecksums": "true",
+    "verifychecksums": "true", "pushfilters": "false", "columns": "all",
 }
 SINK_DEFAULTS = {
     "key": "none (round-robin per task and chunk)", "partitions": "num.partitions",
-    "compression": "compression.type", "writerid": "the query id",
+    "compression": "compression.type", "writerid": "the query id", "mergeschema": "false",
 }
 
 
@@ -158,6 +168,17 @@ def _root(opts: Mapping[str, str]) -> str:
     return root
 
 
+def _columns(opts: Mapping[str, str]) -> tuple[str, ...] | None:
+    raw = opts.get("columns")
+    if raw is None:
+        return None
+    names = tuple(c.strip() for c in str(raw).split(","))
+    if not all(names):
+        raise InvalidArgument(f"option 'columns' is {raw!r}: give column names separated by "
+                              "commas, e.g. 'user,url'")
+    return names
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The parsed options of a ``pafka`` read."""
@@ -181,6 +202,8 @@ class SourceOptions:
     verify: bool = True
     config: dict[str, Any] = field(default_factory=dict)
     given: frozenset[str] = frozenset()  # option names set (lower-cased), for warnings
+    columns: tuple[str, ...] | None = None  # checked against the topic when it is opened
+    push_filters: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -264,6 +287,8 @@ class SourceOptions:
             verify=parse_bool(opts, "verifychecksums", True),
             config=store_config(opts),
             given=frozenset(k for k, v in opts.items() if v is not None),
+            columns=_columns(opts),
+            push_filters=parse_bool(opts, "pushfilters", False),
         )
 
     def ignored_in_batch(self) -> list[str]:
@@ -286,6 +311,7 @@ class SinkOptions:
     timestamp_column: str | None = None
     writer_id: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    merge_schema: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -304,4 +330,5 @@ class SinkOptions:
             partitions=positive_int(opts, "partitions"), compression=compression,
             timestamp_column=non_empty(opts, "timestampcolumn", "a column name"),
             writer_id=non_empty(opts, "writerid", "an id"), config=config,
+            merge_schema=parse_bool(opts, "mergeschema", False),
         )

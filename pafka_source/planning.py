@@ -23,6 +23,7 @@ from pyspark.sql.types import StructType
 from tier_store import (
     DataLoss,
     InvalidArgument,
+    PafkaError,
     ReadPlan,
     SchemaMismatch,
     SkipCorrupt,
@@ -33,6 +34,7 @@ from tier_store import (
     execute,
     host_id,
     read_counts,
+    select_columns,
     skip_warning,
 )
 
@@ -44,7 +46,8 @@ from .offsets import (
     resolve_offsets,
 )
 from .options import SourceOptions
-from .types import conform_batch, target_arrow_schema
+from .pushdown import Bounds, clamp
+from .types import conform_batch, spark_schema, target_arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +139,9 @@ def _resume(plan: ReadPlan, at: int) -> ReadPlan | None:
     start = max(at, topic.earliest_offsets()[plan.partition])
     if start >= plan.end or start <= plan.start:
         return None  # nothing left, or the loss is not retention's: do not spin
-    return topic.plan_read(plan.partition, start, plan.end)
+    again = topic.plan_read(plan.partition, start, plan.end)
+    again.schema, again.columns = plan.schema, plan.columns  # the shape Spark was promised
+    return again
 
 
 def _plan_batches(plan: ReadPlan, target: pa.Schema, include_metadata: bool, verify: bool,
@@ -146,6 +151,9 @@ def _plan_batches(plan: ReadPlan, target: pa.Schema, include_metadata: bool, ver
         b = pb.batch
         if include_metadata:
             n = b.num_rows
+            if b.schema.names != target.names[:b.num_columns]:
+                raise PafkaError(f"a read of topic {plan.topic!r} gave columns "
+                                 f"{b.schema.names}, not the query's: restart the query")
             cols = b.columns + [
                 pa.array([plan.topic] * n, pa.string()) if n < 64 else
                 pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
@@ -164,6 +172,15 @@ def _plan_batches(plan: ReadPlan, target: pa.Schema, include_metadata: bool, ver
             yield part, pb.offset + at + part.num_rows
 
 
+def read_schema(topic: Topic, opts: SourceOptions) -> pa.Schema:
+    """What a read gives of ``topic``: its schema, or the ``columns`` option's part of it."""
+    if opts.columns is None:
+        return topic.schema
+    schema = topic.schema
+    names = select_columns(schema, opts.columns, f"option 'columns' (topic {topic.name!r})")
+    return pa.schema([schema.field(c) for c in names])
+
+
 class Planning:
     """What batch and streaming readers share: options, the store, the topics read, where a
     read starts, and splitting offset ranges into Spark partitions."""
@@ -174,6 +191,8 @@ class Planning:
         self.target = target_arrow_schema(schema)
         self._store: Store | None = None
         self._topics: dict[str, Topic] = {}
+        self._checked: dict[str, pa.Schema] = {}  # per topic, its schema found the query's
+        self.bounds: Bounds | None = None  # what filters Spark pushed let a read skip
         # Lost ranges already reported: latestOffset and planning see the same gap.
         self._reported_losses: set[tuple[str, str, int]] = set()
 
@@ -182,6 +201,7 @@ class Planning:
         state = dict(self.__dict__)
         state["_store"] = None
         state["_topics"] = {}
+        state["_checked"] = {}
         return state
 
     @property
@@ -218,7 +238,32 @@ class Planning:
                 if t.name not in self._topics and self._topics:
                     check_same_schema([next(iter(self._topics.values())), t])
                 self._topics.setdefault(t.name, t)
+        for t in self._topics.values():
+            if t.schema is not self._checked.get(t.name):
+                self._check_schema(t)
         return dict(sorted(self._topics.items()))
+
+    def _check_schema(self, t: Topic) -> None:
+        """A query reads in the schema it started with (Spark fixes it): a topic whose schema
+        changed since is an error saying what changed and to restart the query."""
+        now = spark_schema(read_schema(t, self.opts), self.opts.include_metadata)
+        if now != self.schema:
+            was = {f.name: f for f in self.schema.fields}
+            diff = []
+            for f in now.fields:
+                old = was.get(f.name)
+                if old is None:
+                    diff.append(f"added {f.name} {f.dataType.simpleString()}")
+                elif old.dataType != f.dataType:
+                    diff.append(f"widened {f.name} {old.dataType.simpleString()} → "
+                                f"{f.dataType.simpleString()}")
+                elif old.nullable != f.nullable:
+                    diff.append(f"made {f.name} nullable")
+            raise SchemaMismatch(
+                f"topic {t.name!r} changed its schema after this query started "
+                f"({'; '.join(diff) or now.simpleString()}): restart the query to read every "
+                "record in the new schema (older records read added columns as null)")
+        self._checked[t.name] = t.schema
 
     def resolve(self, spec: Any, default: str, kind: str) -> Offsets:
         """Offsets for every partition of every topic from a starting/ending spec."""
@@ -250,10 +295,15 @@ class Planning:
         """Split ``[start, end)`` into Spark partitions of bounded size."""
         ranges: list[tuple[Topic, int, int, int]] = []
         topics = self.topics()
+        pushed = self.bounds
         for name, parts in end.items():
+            if pushed is not None and not pushed.keeps_topic(name):
+                continue
             t = topics[name]
             earliest = t.earliest_offsets()
             for p, e in parts.items():
+                if pushed is not None and not pushed.keeps_partition(int(p)):
+                    continue
                 s = start.get(name, {}).get(p, earliest[int(p)])
                 if s < earliest[int(p)]:
                     if self.opts.fail_on_data_loss:
@@ -262,6 +312,8 @@ class Planning:
                                        "they were read; set failOnDataLoss=false to skip them")
                     self.report_loss(name, p, s, earliest[int(p)])
                     s = earliest[int(p)]
+                if pushed is not None:
+                    s, e = clamp(pushed, t, int(p), s, e)
                 if e > s:
                     ranges.append((t, int(p), s, e))
         pieces: list[tuple[Topic, int, int, int]] = []
@@ -289,6 +341,9 @@ class Planning:
             plans.update(zip(idx, t.plan_reads([pieces[i][1:] for i in idx]), strict=True))
         for i, (_, _, s, e) in enumerate(pieces):
             plan = plans[i]
+            # Its range was committed in the schema checked (a change since lies past it).
+            plan.schema = self._checked.get(plan.topic, plan.schema)
+            plan.columns = self.opts.columns
             if e - s >= pack:
                 out.append(PafkaPartition(plan))
                 continue

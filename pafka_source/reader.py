@@ -34,6 +34,7 @@ from .offsets import Offsets, bounds, recreated, split_ids, with_ids
 from .options import SourceOptions
 from .planning import PafkaPartition, Planning
 from .progress import LAG_KEY, lag_report
+from .pushdown import bounds as pushed_bounds
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,6 +96,18 @@ class PafkaBatchReader(Planning, DataSourceReader):
                 if e < s:
                     raise InvalidArgument(f"endingOffsets: offset {e} of {where} is below the "
                                           f"starting offset {s}")
+
+
+class PafkaFilteringBatchReader(PafkaBatchReader):
+    """A batch read that takes the filters Spark pushes (``pushFilters=true``; PySpark
+    4.1+ with ``spark.sql.python.filterPushdown.enabled``): those on the metadata columns
+    skip topics, partitions and offsets before any byte is read (:mod:`.pushdown`). A
+    class of its own: Spark refuses a reader that takes filters when pushdown is off."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's name
+        self.bounds = pushed_bounds(filters)
+        # Every filter goes back: Spark applies it to the rows read, so a bound only skips.
+        yield from filters
 
 
 def _one_line(method: F) -> F:

@@ -48,13 +48,19 @@ from tier_store import (
     check_topic_name,
     hash_keys,
     loose_type,
+    merge_schemas,
 )
 
 from .handles import open_store, store_to_read
 from .offsets import check_offset_options
 from .options import SinkOptions, SourceOptions
-from .planning import resolve_topics
-from .reader import FailedStreamReader, PafkaBatchReader, PafkaStreamReader
+from .planning import read_schema, resolve_topics
+from .reader import (
+    FailedStreamReader,
+    PafkaBatchReader,
+    PafkaFilteringBatchReader,
+    PafkaStreamReader,
+)
 from .types import spark_schema, topic_schema_from_spark
 from .writer import PafkaBatchWriter, PafkaStreamWriter
 
@@ -79,7 +85,7 @@ class PafkaDataSource(DataSource):
         store = store_to_read(opts.root, opts.config)
         topics = resolve_topics(store, opts)
         check_offset_options(topics, opts)
-        return opts, spark_schema(topics[0].schema, opts.include_metadata)
+        return opts, spark_schema(read_schema(topics[0], opts), opts.include_metadata)
 
     def schema(self) -> StructType:
         return self._open_source()[1]
@@ -88,12 +94,16 @@ class PafkaDataSource(DataSource):
         opts, expected = self._open_source()
         if schema != expected:
             raise InvalidArgument(f"a pafka source has the topic's schema; do not set another with "
-                                  f".schema(): expected {expected.simpleString()}, got "
+                                  f".schema() (or the topic's schema changed since load(): load "
+                                  f"it again): expected {expected.simpleString()}, got "
                                   f"{schema.simpleString()}")
         return opts
 
     def reader(self, schema: StructType) -> PafkaBatchReader:
-        return PafkaBatchReader(self._source_options(schema), schema)
+        opts = self._source_options(schema)
+        if opts.push_filters:
+            return PafkaFilteringBatchReader(opts, schema)
+        return PafkaBatchReader(opts, schema)
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark's planner tells its Python workers to hide tracebacks (SPARK_HIDE_TRACEBACK,
@@ -125,6 +135,14 @@ class PafkaDataSource(DataSource):
                 pass
         topic = store.topic(opts.topic)
         have = topic.schema
+        if opts.merge_schema:
+            # The DataFrame's columns the topic lacks are added, wider types widen it; those
+            # it lacks are written as nulls. Anything else is refused, naming the column.
+            merged = merge_schemas(have, wanted, opts.topic)
+            if merged is not have:
+                have = topic.evolve(merged)
+            check_partitions_option(opts, topic.partitions)
+            return opts, have, topic.partitions
         h = {f.name: loose_type(f.type) for f in have}
         w = {f.name: loose_type(f.type) for f in wanted}
         if h != w:

@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from tier_store import InvalidArgument
+from tier_store import InvalidArgument, PafkaError
 
 METADATA_FIELDS = [
     pa.field("_topic", pa.string(), nullable=False),
@@ -87,6 +87,9 @@ def conform_batch(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     """Cast a batch to ``target`` when it differs (free when it already matches)."""
     if batch.schema.equals(target):
         return batch
+    if batch.schema.names != target.names:
+        raise PafkaError(f"a read gave columns {batch.schema.names}, not the query's "
+                         f"{target.names}: restart the query")
     cols = [batch.column(i).cast(target.field(i).type)
             if not batch.column(i).type.equals(target.field(i).type) else batch.column(i)
             for i in range(batch.num_columns)]

@@ -25,7 +25,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from tier_store import SEGMENT_HEADER_SIZE, ChunkRef, InvalidArgument, Topic
+from tier_store import SEGMENT_HEADER_SIZE, ChunkRef, InvalidArgument, SchemaAdapter, Topic
 
 from .handles import open_store
 from .options import SinkOptions
@@ -192,10 +192,18 @@ class _Writing:
         limits: dict[int | None, int] = {}
         spread = 1 if self.opts.key is not None else topic.partitions
 
+        adapted: list[SchemaAdapter] = []  # the last one made (a task's batches share one)
+
         def write(p: int | None, batches: list[pa.RecordBatch]) -> list[ChunkRef]:
             # The store joins the slices into one record batch per chunk as it writes them,
             # without a copy: readers then hand Spark a few big batches instead of many
             # slices of Spark's 10,000-row ones.
+            if self.opts.merge_schema and \
+                    not batches[0].schema.equals(self.topic_schema, check_metadata=False):
+                # mergeSchema: the topic's columns the DataFrame lacks are written as nulls.
+                if not adapted or not adapted[0].source.equals(batches[0].schema):
+                    adapted[:] = [SchemaAdapter(batches[0].schema, self.topic_schema)]
+                batches = [adapted[0](b) for b in batches]
             table = pa.Table.from_batches(batches)
             return topic.write_chunks(table, partition=p, key=self.opts.key,
                                       timestamp_column=self.opts.timestamp_column,

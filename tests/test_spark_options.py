@@ -224,7 +224,7 @@ def test_reading_a_path_without_a_store_fails_and_creates_nothing(spark, tmp_pat
 def test_messages_spell_options_as_users_do_and_list_one_sides_options(root):
     base = {"path": root, "topic": "t"}
     msg = raises(lambda: SourceOptions.parse({**base, "foo": "1"}), "unknown source option 'foo'")
-    assert "'foo'. Known source options: consumerGroup, endingOffsets" in msg
+    assert "'foo'. Known source options: columns, consumerGroup, endingOffsets" in msg
     assert "writerId" not in msg and "key," not in msg
     raises(lambda: SourceOptions.parse({**base, "startingoffset": "earliest"}),
            "did you mean startingOffsets or startingOffsetsByTimestamp\\? Known source options")
