@@ -80,10 +80,11 @@ def bounds(filters: Iterable[Any]) -> Bounds:
         name = column[0]
         value = getattr(f, "value", None)
         if name == "_topic":
-            if kind == "EqualTo" and isinstance(value, str):
-                b.topics = frozenset({value}) & (b.topics or frozenset({value}))
-            elif kind == "In" and all(isinstance(v, str) for v in value):
-                b.topics = frozenset(value) & (b.topics or frozenset(value))
+            names = frozenset({value}) if kind == "EqualTo" and isinstance(value, str) else \
+                frozenset(value) if kind == "In" and all(isinstance(v, str) for v in value) \
+                else None
+            if names is not None:
+                b.topics = names if b.topics is None else b.topics & names
         elif name == "_partition":
             b.partitions, b.partition_lo, b.partition_hi = _narrow(
                 kind, value, b.partitions, b.partition_lo, b.partition_hi)

@@ -84,6 +84,10 @@ def test_pushed_filters_skip_partitions_and_offsets_before_reading(tmp_path):
                                                                    (2, 100, 120)]
     list(reader.pushFilters([EqualTo(("_topic",), "other")]))
     assert reader.partitions() == []
+    # Contradicting filters keep nothing (not the last one's topic).
+    list(reader.pushFilters([EqualTo(("_topic",), "u"), EqualTo(("_topic",), "u"),
+                             In(("_topic",), ("t",))]))
+    assert reader.partitions() == []
 
 
 def test_push_filters_without_the_spark_setting_names_it(spark, tmp_path):
