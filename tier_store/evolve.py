@@ -64,7 +64,7 @@ def evolve(topic: Topic, schema: pa.Schema) -> pa.Schema:
             if done:
                 log.info("topic %s: its Delta table %s: %s", topic.name, table.uri,
                          "; ".join(done))
-        except (PafkaError, OSError, Exception) as e:  # noqa: BLE001 - the next demotion retries
+        except Exception as e:  # noqa: BLE001 - the next demotion makes the change
             log.warning("topic %s: its Delta table's schema was not changed yet (%s): the "
                         "next demotion changes it", topic.name, e)
     return topic.schema
