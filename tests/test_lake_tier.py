@@ -350,9 +350,9 @@ def test_lake_retention_removes_whole_old_files_from_the_table_and_the_log(tmp_p
     assert apply_lake_retention(t) == 0  # -1 by default: the table keeps every row
     # A cut at the newest file's time: every file older goes, whole; the newest stays.
     newest = max(f["max._timestamp"] for f in files)
-    cut = int(newest.timestamp() * 1000)
+    cut = round(newest.timestamp() * 1000)  # round: a float may fall just below the ms
     t.set_config({"lake.retention.ms": 0})
-    old = [f for f in files if int(f["max._timestamp"].timestamp() * 1000) < cut]
+    old = [f for f in files if round(f["max._timestamp"].timestamp() * 1000) < cut]
     removed = apply_lake_retention(t, now_ms=cut)
     assert removed == sum(f["num_records"] for f in old) > 0
     left = pa.table(_table(s, t).get_add_actions(flatten=True)).to_pylist()

@@ -279,6 +279,9 @@ def test_a_topic_in_a_lake_evolves_its_delta_table_and_reads_old_files(tmp_path)
     t.evolve(v2)
     fields = {f.name: f for f in deltalake.DeltaTable(uri).schema().fields}
     assert fields["country"].nullable and fields["id"].nullable
+    # Readers skip files by the new column's statistics too (a list column has none).
+    assert deltalake.DeltaTable(uri).metadata().configuration[
+        "delta.dataSkippingStatsColumns"] == "_offset,_timestamp,id,name,score,country"
     t.append(pa.record_batch([pa.array([9000], pa.int64()), pa.array(["late"]),
                               pa.array([1.5], pa.float32()), pa.array([["z"]]),
                               pa.array(["fr"])], schema=v2))

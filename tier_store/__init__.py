@@ -54,6 +54,8 @@ from .schemas import selected as select_columns
 from .segment import CHUNK_ALIGN
 from .segment import HEADER_SIZE as SEGMENT_HEADER_SIZE
 from .sharing import SharedTier
+from .stats import ChunkFilter, chunk_filter
+from .stats import compute as chunk_statistics
 from .store import Store
 from .tables import as_table, check_valid, conform, loose_type
 from .tiers import throttle_tier_writes
@@ -92,6 +94,7 @@ __all__ = [
     "SkipCorrupt",
     "Relocation",
     "SchemaMismatch",
+    "ChunkFilter",
     "SegmentId",
     "SharedTier",
     "SegmentInfo",
@@ -108,6 +111,8 @@ __all__ = [
     "TopicNotFound",
     "__version__",
     "as_table",
+    "chunk_filter",
+    "chunk_statistics",
     "check_valid",
     "check_topic",
     "check_topic_config",

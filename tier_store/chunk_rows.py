@@ -12,10 +12,12 @@ import numpy as np
 import pyarrow as pa
 
 from .entries import ChunkRecord
+from .errors import CorruptLog
 from .ids import bundle_halves
 from .index_pieces import PieceRef
 from .segment import CHUNK_ALIGN
 from .state_checks import check_chunk_rows, row_problems
+from .stats import text
 
 NO_TIME = np.iinfo(np.int64).min
 CHUNK_DTYPE = np.dtype([
@@ -23,9 +25,13 @@ CHUNK_DTYPE = np.dtype([
     ("checksum", "<u8"), ("ts", "<i8"), ("tmin", "<i8"), ("tmax", "<i8"),
     # The shared object holding the chunk (ids.bundle_halves; 0, 0 and opos -1: none).
     ("obj_hi", "<u8"), ("obj_lo", "<u8"), ("opos", "<i8"),
+    # Column statistics (tier_store.stats) as JSON text, None without: a string, as a dict
+    # per chunk held in memory would take ten times the bytes.
+    ("st", object),
 ])
-# Columns a checkpoint may lack (written before stores were shared): their value for none.
-_OPTIONAL_COLUMNS = {"obj_hi": 0, "obj_lo": 0, "opos": -1}
+# Columns a checkpoint may lack (written before stores were shared, or before chunks had
+# statistics): their value for none.
+_OPTIONAL_COLUMNS = {"obj_hi": 0, "obj_lo": 0, "opos": -1, "st": None}
 # Checkpoint column names of the fields named otherwise in Python (the on-disk format).
 COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
 COLUMN_TYPES = {COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
@@ -37,7 +43,7 @@ def chunk_row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
     hi, lo = bundle_halves(c.obj) if c.obj is not None else (0, 0)
     return (c.seq, c.pos, c.length, c.base, c.records, c.checksum, ts,
             NO_TIME if c.tmin is None else c.tmin, NO_TIME if c.tmax is None else c.tmax,
-            hi, lo, -1 if c.opos is None else c.opos)
+            hi, lo, -1 if c.opos is None else c.opos, None if c.st is None else text(c.st))
 
 
 class InlineRows:
@@ -81,6 +87,12 @@ def table_rows(part: pa.Table, where: str, check: bool = True) -> np.ndarray:
         col = COLUMNS.get(name, name)
         if name in _OPTIONAL_COLUMNS and col not in part.column_names:
             rows[name] = _OPTIONAL_COLUMNS[name]
+        elif name == "st":
+            column = part.column(col)
+            if not (pa.types.is_string(column.type) or pa.types.is_null(column.type)):
+                raise CorruptLog(f"checkpoint {where} is malformed: its chunk statistics are "
+                                 f"of type {column.type}, not strings")
+            rows[name] = column.to_numpy(zero_copy_only=False)
         else:
             rows[name] = part.column(col).to_numpy()
     if check:
@@ -90,7 +102,10 @@ def table_rows(part: pa.Table, where: str, check: bool = True) -> np.ndarray:
 
 def rows_table(rows: np.ndarray) -> pa.Table:
     """Chunk ``rows`` as the Arrow table checkpoints and pieces store."""
-    return pa.table({COLUMNS.get(n, n): pa.array(rows[n]) for n in CHUNK_DTYPE.names})
+    cols = {COLUMNS.get(n, n): pa.array(rows[n]) for n in CHUNK_DTYPE.names if n != "st"}
+    st = rows["st"]
+    cols["st"] = pa.array([text(v) for v in st.tolist()] if len(st) else [], pa.string())
+    return pa.table(cols)
 
 
 __all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "InlineRows", "chunk_row",

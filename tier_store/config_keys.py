@@ -282,6 +282,10 @@ KEYS: dict[str, ConfigKey] = {
                   changeable=True, minimum=0),
         ConfigKey("num.partitions", "int", 1, "Partitions of a topic created without a count.",
                   changeable=True, minimum=1, maximum=100_000),
+        ConfigKey("log.chunk.statistics", "enum", "true",
+                  "Whether new chunks record each orderable column's min, max and null "
+                  "count, which let filtered reads skip chunks before reading them.",
+                  changeable=True, choices=("true", "false")),
         ConfigKey("compression.type", "enum", "none",
                   "Arrow IPC buffer compression of new chunks.", changeable=True,
                   choices=COMPRESSION_TYPES),

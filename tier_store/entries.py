@@ -65,11 +65,13 @@ class ChunkRecord(NamedTuple):
     host: str | None = None
     obj: str | None = None
     opos: int | None = None
+    # Column statistics (:mod:`tier_store.stats`), when the writer recorded them.
+    st: dict[str, Any] | None = None
 
 
 # Fields of a chunk left out of its JSON when None: a single-host store's entries stay as
-# they were before stores were shared.
-_OPTIONAL = ("host", "obj", "opos")
+# they were before stores were shared (and before chunks had statistics).
+_OPTIONAL = ("host", "obj", "opos", "st")
 _CHUNK_FIELDS = tuple((name, _DISK_NAMES.get(name, name)) for name in ChunkRecord._fields)
 _DISK_ORDER = tuple(disk for _, disk in _CHUNK_FIELDS)
 _LAST_REQUIRED = len(_DISK_ORDER) - len(_OPTIONAL)
@@ -78,7 +80,10 @@ _LAST_REQUIRED = len(_DISK_ORDER) - len(_OPTIONAL)
 def chunk_json(c: ChunkRecord) -> dict[str, Any]:
     """A chunk as its entry's JSON holds it (the shared-store fields only when set)."""
     if c.host is None and c.obj is None and c.opos is None:
-        return dict(zip(_DISK_ORDER[:_LAST_REQUIRED], c, strict=False))
+        body = dict(zip(_DISK_ORDER[:_LAST_REQUIRED], c, strict=False))
+        if c.st is not None:
+            body["st"] = c.st
+        return body
     return {k: v for k, v in zip(_DISK_ORDER, c, strict=True)
             if v is not None or k not in _OPTIONAL}
 
@@ -261,14 +266,17 @@ _DISK_KEYS = frozenset(disk for _, disk in _CHUNK_FIELDS)
 
 
 _PLAIN_KEYS = frozenset(_DISK_ORDER[:_LAST_REQUIRED])  # a single-host store's chunk
+_STATS_KEYS = _PLAIN_KEYS | {"st"}
 _new_chunk = tuple.__new__
 
 
 def _chunk(c: Any) -> ChunkRecord:
-    if type(c) is dict and c.keys() == _PLAIN_KEYS:  # the usual chunk: positional, at once
-        return _new_chunk(ChunkRecord, (c["p"], c["seq"], c["tier"], c["pos"], c["len"],
-                                        c["base"], c["n"], c["crc"], c["tmin"], c["tmax"],
-                                        None, None, None))
+    if type(c) is dict:  # the usual chunks: positional, at once
+        keys = c.keys()
+        if keys in (_STATS_KEYS, _PLAIN_KEYS):
+            return _new_chunk(ChunkRecord, (c["p"], c["seq"], c["tier"], c["pos"], c["len"],
+                                            c["base"], c["n"], c["crc"], c["tmin"], c["tmax"],
+                                            None, None, None, c.get("st")))
     if not isinstance(c, dict):
         raise TypeError(f"a chunk is {c!r}, not an object")
     if not _DISK_KEYS.issuperset(c):
@@ -276,7 +284,8 @@ def _chunk(c: Any) -> ChunkRecord:
         raise TypeError(f"a chunk names unknown field(s) {', '.join(unknown)}")
     g = c.get
     return ChunkRecord(c["p"], c["seq"], c["tier"], c["pos"], c["len"], c["base"], c["n"],
-                       c["crc"], g("tmin"), g("tmax"), g("host"), g("obj"), g("opos"))
+                       c["crc"], g("tmin"), g("tmax"), g("host"), g("obj"), g("opos"),
+                       g("st"))
 
 
 def _int(name: str, v: Any, low: int = 0, high: int = INT64) -> None:
@@ -302,7 +311,9 @@ def check_chunk(c: ChunkRecord) -> None:
             and pos >= 0 and n >= 1 and base >= 0 and k >= 1 and 0 <= crc < 2**64
             and base + k < INT64 and pos + n < INT64):
         _check_chunk_fields(c)
-    tmin, tmax, host, obj, opos = c.tmin, c.tmax, c.host, c.obj, c.opos
+    tmin, tmax, host, obj, opos, st = c.tmin, c.tmax, c.host, c.obj, c.opos, c.st
+    if st is not None and type(st) is not dict:  # its content is checked where it is used
+        raise ValueError(f"st is {st!r}, not an object")
     if tmin is not None:
         _int("tmin", tmin, -INT64 + 1)
     if tmax is not None:

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from .chunk import checksum
 from .errors import CorruptSegment, PafkaError
+from .stats import compute, domain, merged
 
 OFFSET, TIMESTAMP, PARTITION = "_offset", "_timestamp", "_partition"
 LAKE_COLUMNS = (PARTITION, OFFSET, TIMESTAMP)
@@ -60,6 +61,7 @@ class LakeGroup:
     records: int
     checksum: int
     ts: int
+    st: dict[str, Any] | None = None  # column statistics of its rows (tier_store.stats)
 
 
 @dataclass(frozen=True)
@@ -137,19 +139,21 @@ def build_file(schema: pa.Schema, partition: int, seqs: tuple[int, int],
     whole chunks, as the log names it."""
     fschema = _file_schema(schema)
     sink = pa.BufferOutputStream()
-    spans: list[tuple[int, int, int]] = []  # per row group: base, records, latest commit time
+    # Per row group: base, records, latest commit time, statistics.
+    spans: list[tuple[int, int, int, dict[str, Any]]] = []
     pending: list[pa.RecordBatch] = []
+    rows: list[pa.RecordBatch] = []  # pending's, in the topic's schema
     pending_bytes, group_base, group_ts, nxt = 0, -1, 0, -1
     # Statistics on every column: engines skip files and row groups by them.
     with pq.ParquetWriter(sink, fschema, compression=compression,
                           write_page_checksum=True) as writer:
         def flush() -> None:
-            nonlocal pending, pending_bytes
+            nonlocal pending, pending_bytes, rows
             if pending:
                 table = pa.Table.from_batches(pending, fschema)
                 writer.write_table(table, row_group_size=max(1, table.num_rows))
-                spans.append((group_base, table.num_rows, group_ts))
-                pending, pending_bytes = [], 0
+                spans.append((group_base, table.num_rows, group_ts, compute(rows, schema)))
+                pending, pending_bytes, rows = [], 0, []
 
         for batch, base, ts, chunk_end in runs:
             if nxt >= 0 and base < nxt:
@@ -165,6 +169,7 @@ def build_file(schema: pa.Schema, partition: int, seqs: tuple[int, int],
             cols = [*batch.columns, pa.array(np.arange(base, base + n, dtype=np.int64)),
                     pa.array(np.full(n, ts, dtype=np.int64)).cast(pa.timestamp("ms", tz="UTC"))]
             pending.append(pa.record_batch(cols, schema=fschema))
+            rows.append(batch)
             pending_bytes += batch.nbytes
             group_ts = max(group_ts, ts)
             nxt = base + n
@@ -177,17 +182,18 @@ def build_file(schema: pa.Schema, partition: int, seqs: tuple[int, int],
     return _describe(data, spans, file_rel(partition, *seqs)), data
 
 
-def _describe(data: pa.Buffer, spans: Sequence[tuple[int, int, int]], rel: str) -> LakeFile:
+def _describe(data: pa.Buffer, spans: Sequence[tuple[int, int, int, dict[str, Any]]],
+              rel: str) -> LakeFile:
     """The record of a lake file's bytes, whose row groups hold ``spans``."""
     meta = pq.read_metadata(pa.BufferReader(data))
     if meta.num_row_groups != len(spans):
         raise PafkaError(f"{rel}: {meta.num_row_groups} row groups written, {len(spans)} "
                          "planned")
     groups = []
-    for i, (base, records, ts) in enumerate(spans):
+    for i, (base, records, ts, st) in enumerate(spans):
         lo, hi = _group_range(meta.row_group(i))
         groups.append(LakeGroup(lo, hi - lo, base, records, checksum(data.slice(lo, hi - lo)),
-                                ts))
+                                ts, st))
     footer_len = meta.serialized_size + _FOOTER_TAIL
     footer_pos = data.size - footer_len
     return LakeFile(rel, data.size, footer_pos, footer_len,
@@ -308,16 +314,46 @@ def decode_timed(where: str, f: LakeFile, footer: pa.Buffer,
                              f"({type(e).__name__}: {e})") from None
 
 
-def add_stats(f: LakeFile, min_ts: int, max_ts: int) -> str:
-    """Delta's statistics JSON for ``f``'s add action: its records and the range of its
-    ``_offset`` and ``_timestamp``, which readers use to skip it."""
-    def iso(ms: int) -> str:
-        return np.datetime_as_string(np.datetime64(ms, "ms"), unit="ms") + "Z"
+def _iso(ms: int) -> str:
+    return np.datetime_as_string(np.datetime64(ms, "ms"), unit="ms") + "Z"
+
+
+def add_stats(f: LakeFile, min_ts: int, max_ts: int, schema: pa.Schema | None = None) -> str:
+    """Delta's statistics JSON for ``f``'s add action: its records, the range of its
+    ``_offset`` and ``_timestamp``, and of the columns of topic ``schema`` its row groups'
+    statistics bound, which readers use to skip it."""
     records = sum(g.records for g in f.groups)
-    return json.dumps({"numRecords": records,
-                       "minValues": {OFFSET: f.base, TIMESTAMP: iso(min_ts)},
-                       "maxValues": {OFFSET: f.end - 1, TIMESTAMP: iso(max_ts)},
-                       "nullCount": {OFFSET: 0, TIMESTAMP: 0}})
+    lows: dict[str, Any] = {OFFSET: f.base, TIMESTAMP: _iso(min_ts)}
+    highs: dict[str, Any] = {OFFSET: f.end - 1, TIMESTAMP: _iso(max_ts)}
+    nulls: dict[str, Any] = {OFFSET: 0, TIMESTAMP: 0}
+    cols = merged([g.st for g in f.groups], [g.records for g in f.groups]) \
+        if schema is not None else {}
+    for name, (lo, hi, n) in cols.items():
+        i = schema.get_field_index(name) if schema is not None else -1
+        if i < 0:
+            continue
+        t = schema.field(i).type
+        nulls[name] = n
+        if lo is not None and (v := _delta_value(t, lo, up=False)) is not None:
+            lows[name] = v
+        if hi is not None and (v := _delta_value(t, hi, up=True)) is not None:
+            highs[name] = v
+    return json.dumps({"numRecords": records, "minValues": lows, "maxValues": highs,
+                       "nullCount": nulls})
+
+
+def _delta_value(t: pa.DataType, v: Any, up: bool) -> Any:
+    """A statistics bound as Delta writes it for a column of type ``t`` (None: left out)."""
+    kind = domain(t)
+    if kind in ("int", "float") and not pa.types.is_unsigned_integer(t):
+        return v
+    if kind == "str":
+        return v
+    if kind == "day":
+        return str(np.datetime64(v, "D"))
+    if kind == "us" and t.tz is not None:  # Delta's bounds are whole ms: rounded outwards
+        return _iso(-(-v // 1000) if up else v // 1000)
+    return None
 
 
 def write_local(path: str, data: pa.Buffer) -> None:

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import posixpath
+import re
 import threading
 import time
 import urllib.parse
@@ -26,7 +27,17 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from .errors import PafkaError
-from .lake import PARTITION, LakeFile, add_stats, parse_rel, table_name, table_schema
+from .lake import (
+    OFFSET,
+    PARTITION,
+    TIMESTAMP,
+    LakeFile,
+    add_stats,
+    parse_rel,
+    table_name,
+    table_schema,
+)
+from .stats import domain
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +67,18 @@ def _locked(method: F) -> F:
 def app_id(topic_id: str, partition: int) -> str:
     """The Delta application id of a partition's demotions."""
     return f"pafka-{topic_id}-{partition}"
+
+
+STATS_KEY = "delta.dataSkippingStatsColumns"
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def stats_columns(schema: pa.Schema) -> str:
+    """The columns whose statistics the table's add actions hold (Delta's table property):
+    the lake's two, then the topic's orderable columns (of plain names)."""
+    names = [f.name for f in schema if domain(f.type) is not None and
+             _PLAIN_NAME.fullmatch(f.name) and f.name not in (OFFSET, TIMESTAMP, PARTITION)]
+    return ",".join([OFFSET, TIMESTAMP, *names])
 
 
 class LakeTable:
@@ -104,7 +127,7 @@ class LakeTable:
         self._dt = dl.DeltaTable.create(
             self.uri, self.schema, mode="ignore", partition_by=[PARTITION],
             name=self.topic, description=f"pafka topic {self.topic!r} ({self.topic_id})",
-            configuration={"delta.dataSkippingStatsColumns": "_offset,_timestamp"},
+            configuration={"delta.dataSkippingStatsColumns": stats_columns(self.schema)},
             storage_options=self.storage_options)
         return self._dt
 
@@ -248,6 +271,10 @@ class LakeTable:
             elif f.nullable and not held.nullable:
                 dt.alter.drop_column_not_null(f.name)
                 done.append(f"made {f.name} nullable")
+        cols = stats_columns(self.schema)
+        if any(d.startswith("added") for d in done) and \
+                dt.metadata().configuration.get(STATS_KEY) not in (None, cols):
+            dt.alter.set_table_properties({STATS_KEY: cols})  # readers skip by the new ones
         self._evolved = topic_schema
         return done
 
@@ -269,7 +296,7 @@ class LakeTable:
         app = app_id(self.topic_id, partition)
         before = dt.version()
         action = AddAction(f.rel, f.size, {PARTITION: str(partition)}, int(time.time() * 1000),
-                           True, add_stats(f, min_ts, max_ts))
+                           True, add_stats(f, min_ts, max_ts, self.schema))
         try:
             dt.create_write_transaction(
                 [action], mode="append", schema=self.schema, partition_by=[PARTITION],

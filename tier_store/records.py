@@ -39,6 +39,7 @@ class ChunkRef:
     obj: str | None = None
     opos: int | None = None
     shared_ms: int | None = None  # when the object was uploaded (the writer's clock)
+    st: dict[str, Any] | None = None  # column statistics (tier_store.stats)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

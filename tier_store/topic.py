@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from . import dropped, positions, sharing, views
+from . import dropped, positions, scan, sharing, views
 from .chunk import EncodedChunk
 from .commit_log import CommitLog
 from .conflicts import Requirement
@@ -37,11 +37,11 @@ from .follow import follow
 from .layout import fsync_dir
 from .maintenance import retention
 from .partition import PartitionLog
-from .reading import ReadPlan, execute, skip_warning
+from .reading import ReadPlan
 from .records import AppendResult, ChunkRef, SegmentInfo
-from .schemas import selected
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
+from .stats import ChunkFilter, compute
 from .tables import as_table, check_valid, conform, loose_type, route, split_chunks, time_range
 from .topic_config import set_config
 from .topic_log import TopicLog, now_ms
@@ -176,10 +176,12 @@ class Topic(positions.GroupPositions):
             if col is not None and col not in names:
                 raise InvalidArgument(f"{what} {col!r} is not a column of topic {self.name!r} "
                                       f"(columns: {names})")
+        routed: tuple[str, int] | None = None  # the key and partition count rows go by
         if partition is not None:
             groups = [(self._check_partition(partition), table)]
         elif key is not None:
-            groups = route(table, key, self.partitions)
+            routed = (key, self.partitions)
+            groups = route(table, key, routed[1])
         else:
             with self._parts_lock:
                 p = self._rr % self.partitions
@@ -187,7 +189,9 @@ class Topic(positions.GroupPositions):
             groups = [(p, table)]
         compression = self.setting("compression.type")
         limit = self.store.config["log.segment.bytes"] - HEADER_SIZE
-        return [self._append_chunk(p, piece, timestamp_column, durable)
+        stats = self.setting("log.chunk.statistics") == "true"
+        return [self._append_chunk(p, piece, timestamp_column, durable,
+                                   compute(piece.batches, self.schema, routed) if stats else None)
                 for p, part in groups for piece in split_chunks(part, compression, limit)]
 
     def sync(self) -> None:
@@ -203,7 +207,7 @@ class Topic(positions.GroupPositions):
             self._flusher.wait()  # after: rolled-out segments were queued before their sync
 
     def _append_chunk(self, p: int, chunk: EncodedChunk, ts_col: str | None,
-                      durable: bool) -> ChunkRef:
+                      durable: bool, stats: dict[str, Any] | None = None) -> ChunkRef:
         tmin, tmax = time_range(chunk, ts_col) if ts_col is not None else (None, None)
         written = now_ms()
         # A handle on a deleted topic must not append to what its name leads to now.
@@ -212,7 +216,7 @@ class Topic(positions.GroupPositions):
         shared = self.store.shared
         return ChunkRef(self.name, p, seq, tier.number, pos, chunk.size, chunk.records, crc,
                         written, tmin, tmax, self.store.relocation(tier.number), self.id,
-                        None if shared is None else shared.host)
+                        None if shared is None else shared.host, st=stats)
 
     def active_segment(self, p: int) -> tuple[int, int] | None:
         """(sequence, tier) of partition ``p``'s active segment, if it has one."""
@@ -286,28 +290,17 @@ class Topic(positions.GroupPositions):
         return retention.apply_retention(self, now_ms)
 
     # -- reading ------------------------------------------------------------------------------
-    def read(self, partition: int, start: int, end: int | None = None, verify: bool = True,
-             skip_corrupt: bool = False, columns: Sequence[str] | None = None
-             ) -> Iterator[pa.RecordBatch]:
-        """Yield the records ``[start, end)`` of ``partition`` (``end=None``: to the latest)
-        as Arrow batches, zero-copy, in the topic's schema (``columns``: only those). Below
-        the earliest: :class:`DataLoss`. Chunks are checked first (:class:`CorruptSegment`,
-        or with ``skip_corrupt`` a warning naming the offsets skipped); ``verify=False``
-        trusts the bytes: a damaged chunk may give wrong rows or crash the process."""
-        plan = self.plan_read(partition, start, end)
-        if columns is not None:
-            plan.columns = selected(plan.schema, columns, f"topic {self.name!r}: read columns")
-        skip = skip_warning("read") if skip_corrupt else None
-        yield from (pb.batch for pb in execute(plan, verify, skip_corrupt=skip))
-
+    read = scan.read  # records of a partition: a range, columns, conditions
     follow = follow  # yields a partition's records as they are committed: tier_store.follow
 
     def plan_read(self, partition: int, start: int, end: int | None = None) -> ReadPlan:
         """Plan reading ``[start, end)`` of ``partition`` (see :mod:`tier_store.reading`)."""
         return self.plan_reads([(partition, start, end)])[0]
 
-    def plan_reads(self, ranges: Sequence[tuple[int, int, int | None]]) -> list[ReadPlan]:
-        """:meth:`plan_read` of many ``(partition, start, end)``: one lock, one refresh."""
+    def plan_reads(self, ranges: Sequence[tuple[int, int, int | None]],
+                   keep: ChunkFilter | None = None) -> list[ReadPlan]:
+        """:meth:`plan_read` of many ``(partition, start, end)``: one lock, one refresh
+        (``keep``: only chunks whose statistics may hold a row it passes)."""
         n = self.partitions
         todo = [(p, s, e) if type(p) is int and 0 <= p < n and type(s) is int and s >= 0
                 else (self._check_partition(p), _non_negative("start offset", s), e)
@@ -316,7 +309,7 @@ class Topic(positions.GroupPositions):
             st = self.log.current
             if not _committed(st, todo):
                 st = self.log.refresh()
-            return views.read_plans(self.store, self.name, st, todo)
+            return views.read_plans(self.store, self.name, st, todo, keep)
 
     def bytes_between(self, partition: int, start: int, end: int) -> int:
         """Approximate bytes of records ``[start, end)``: whole chunks, pro rata at the ends."""

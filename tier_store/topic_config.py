@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 #: The keys a topic may override: every one is read through ``Topic.setting``.
 TOPIC_KEYS: tuple[str, ...] = ("log.retention.ms", "log.retention.bytes", "log.segment.ms",
                                "log.cleanup.grace.ms", "log.checkpoint.interval",
-                               "compression.type", "lake.retention.ms")
+                               "compression.type", "lake.retention.ms",
+                               "log.chunk.statistics")
 
 #: Kafka's topic-level names of the same settings.
 KAFKA_ALIASES: dict[str, str] = {"retention.ms": "log.retention.ms",

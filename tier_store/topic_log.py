@@ -190,7 +190,7 @@ class TopicLog:
                 nxt[r.partition] += r.records
                 chunks.append(checked(ChunkRecord(
                     r.partition, r.seq, r.tier, r.pos, r.length, base, r.records, r.checksum,
-                    r.tmin, r.tmax, r.host, r.obj, r.opos)))
+                    r.tmin, r.tmax, r.host, r.obj, r.opos, r.st)))
                 results.append(AppendResult(r.partition, base, r.records, st.version + 1, ts))
             if self.publish(st, AppendEntry(ts, tuple(chunks), writer_id, batch_id), held=True):
                 return results

@@ -20,6 +20,7 @@ from .partition import is_settled
 from .reading import LakePart, PlannedChunk, ReadPlan
 from .records import SegmentInfo
 from .state import PartitionState, SegmentState, TopicState
+from .stats import ChunkFilter
 from .tiers import Tier, space
 
 if TYPE_CHECKING:
@@ -28,11 +29,12 @@ if TYPE_CHECKING:
 
 def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | None,
                    path_of: Callable[[int, int, int], str],
-                   bundle_url: Callable[[str], str] | None = None
-                   ) -> tuple[int, list[PlannedChunk]]:
+                   bundle_url: Callable[[str], str] | None = None,
+                   keep: ChunkFilter | None = None) -> tuple[int, list[PlannedChunk]]:
     """The chunks holding ``[start, end)`` of partition ``p`` (``end=None``: to the latest)
     and where the range really stops; ``path_of(p, seq, tier)`` names a segment's file, and
-    ``bundle_url(obj)`` a shared object's (on a store shared by many hosts).
+    ``bundle_url(obj)`` a shared object's (on a store shared by many hosts). With ``keep``,
+    only the chunks whose statistics may hold a row it passes.
     :class:`DataLoss` below the earliest retained offset."""
     part = st.part(p)
     earliest, latest = part.start_offset, part.next_offset
@@ -47,7 +49,9 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
     segs = part.segments
     paths: dict[int, str] = {}  # a segment holds many chunks
     # One conversion for every field (rows are CHUNK_DTYPE tuples, in its field order).
-    for seq, pos, length, base, n, crc, ts, _, _, hi, lo, opos in sel.tolist():
+    for seq, pos, length, base, n, crc, ts, _, _, hi, lo, opos, stats in sel.tolist():
+        if keep is not None and not keep.keeps(stats, n, p):
+            continue
         path = paths.get(seq)
         if path is None:
             path = paths[seq] = path_of(p, seq, segs[seq].tier)
@@ -66,8 +70,10 @@ def planned_chunks(topic: str, st: TopicState, p: int, start: int, end: int | No
 
 
 def read_plans(store: TopicHost, topic: str, st: TopicState,
-               ranges: list[tuple[int, int, int | None]]) -> list[ReadPlan]:
-    """The read plans of ``ranges`` (``(partition, start, end)``, checked) against ``st``."""
+               ranges: list[tuple[int, int, int | None]], keep: ChunkFilter | None = None
+               ) -> list[ReadPlan]:
+    """The read plans of ``ranges`` (``(partition, start, end)``, checked) against ``st``
+    (``keep``: of the chunks that may hold a row it passes)."""
     shared = store.shared
     bundle_url = None if shared is None else \
         (lambda obj: shared.bundle_url(topic, st.topic_id, obj))
@@ -87,7 +93,7 @@ def read_plans(store: TopicHost, topic: str, st: TopicState,
     root, tid = store.root, st.topic_id
     out = []
     for p, start, end in ranges:
-        stop, chunks = planned_chunks(topic, st, p, start, end, path_of, bundle_url)
+        stop, chunks = planned_chunks(topic, st, p, start, end, path_of, bundle_url, keep)
         out.append(ReadPlan(root, topic, p, start, stop, tuple(chunks), tid, st.schema))
     return out
 

@@ -49,6 +49,7 @@ from ..layout import fsync_dir
 from ..reading import read_range
 from ..segment import HEADER_SIZE, SEALED_OFFSET, WORD, SegmentHeader, align
 from ..state import NO_TIME
+from ..stats import parsed
 
 if TYPE_CHECKING:
     from ..tiers import Tier
@@ -214,7 +215,7 @@ def adopt_remote(topic: Topic, target: Tier, final: str, p: int, seq: int,
 def chunk_record(r: np.void, p: int, seq: int, tier: int, pos: int) -> ChunkRecord:
     return ChunkRecord(p, seq, tier, pos, int(r["length"]), int(r["base"]), int(r["records"]),
                        int(r["checksum"]), None if r["tmin"] == NO_TIME else int(r["tmin"]),
-                       None if r["tmax"] == NO_TIME else int(r["tmax"]))
+                       None if r["tmax"] == NO_TIME else int(r["tmax"]), st=parsed(r["st"]))
 
 
 __all__ = ["BLOCK", "adopt_local", "adopt_remote", "chunk_record", "layout"]

@@ -121,7 +121,7 @@ def demote(topic: Topic, target: LakeTier, segs: Sequence[SegmentState], rows: n
         version = table.add(p, f, int(ts.min()), int(ts.max()), last + 1)
         crash_point("lake.committed")
     chunks = [ChunkRecord(p, first, target.number, g.pos, g.length, g.base, g.records,
-                          g.checksum) for g in f.groups]
+                          g.checksum, st=g.st) for g in f.groups]
     return list(segs), chunks, LakeRecord(f.size, f.footer_pos, f.footer_length,
                                           f.footer_checksum, version, last)
 
