@@ -53,7 +53,8 @@ SOURCE_OPTIONS = {
     "pushfilters": "true | false: take the filters Spark pushes to a batch read (PySpark 4.1+ "
                    "with spark.sql.python.filterPushdown.enabled, which SPARK_CONF sets): "
                    "filters on _topic, _partition, _offset and _timestamp skip what they "
-                   "exclude before it is read",
+                   "exclude before it is read, and filters on columns skip chunks by their "
+                   "statistics and the key they were routed by",
     "columns": "comma-separated columns of the topic to read, in that order; "
                "only their bytes are decoded, as Spark cannot tell a Python source which "
                "columns a query needs",

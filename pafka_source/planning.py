@@ -31,6 +31,7 @@ from tier_store import (
     Topic,
     TopicDeleted,
     TopicNotFound,
+    chunk_filter,
     execute,
     host_id,
     read_counts,
@@ -46,7 +47,7 @@ from .offsets import (
     resolve_offsets,
 )
 from .options import SourceOptions
-from .pushdown import Bounds, clamp
+from .pushdown import Bounds, clamp, named
 from .types import conform_batch, spark_schema, target_arrow_schema
 
 log = logging.getLogger(__name__)
@@ -338,9 +339,15 @@ class Planning:
         plans: dict[int, ReadPlan] = {}
         for idx in by_topic.values():
             t = pieces[idx[0]][0]
-            plans.update(zip(idx, t.plan_reads([pieces[i][1:] for i in idx]), strict=True))
+            # Chunks whose statistics exclude the pushed conditions are not planned at all.
+            keep = None if pushed is None else \
+                chunk_filter(t.schema, named(t.schema.names, pushed.where), strict=False)
+            plans.update(zip(idx, t.plan_reads([pieces[i][1:] for i in idx], keep),
+                             strict=True))
         for i, (_, _, s, e) in enumerate(pieces):
             plan = plans[i]
+            if not plan.chunks:
+                continue  # every chunk skipped
             # Its range was committed in the schema checked (a change since lies past it).
             plan.schema = self._checked.get(plan.topic, plan.schema)
             plan.columns = self.opts.columns

@@ -5,6 +5,9 @@ byte.
 The metadata columns (``includeMetadata``) prune: ``_topic`` and ``_partition`` bound the
 topics and partitions planned, ``_offset`` each partition's offset range, and
 ``_timestamp`` that range by commit time (commit times never go back within a topic).
+Filters on the topic's own columns (``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS
+[NOT] NULL``) skip the chunks whose statistics exclude them, and ``=`` or ``IN`` on the key
+a chunk was routed by, the chunks of the other partitions (:mod:`tier_store.stats`).
 Every filter is also handed back to Spark, which applies it to the rows read: pruning only
 skips records that no filter can keep, and a filter this module does not know prunes
 nothing.
@@ -33,6 +36,8 @@ class Bounds:
     offset_hi: float = math.inf
     ts_lo: int | None = None  # commit time, ms
     ts_hi: int | None = None
+    # Conditions on data columns, as tier_store.chunk_filter takes them.
+    where: tuple[tuple[Any, ...], ...] = ()
 
     def keeps_topic(self, name: str) -> bool:
         return self.topics is None or name in self.topics
@@ -92,7 +97,37 @@ def bounds(filters: Iterable[Any]) -> Bounds:
             _, b.offset_lo, b.offset_hi = _narrow(kind, value, None, b.offset_lo, b.offset_hi)
         elif name == "_timestamp":
             _time(b, kind, value)
+        if name not in METADATA:
+            b.where += _condition(kind, name, value)
     return b
+
+
+METADATA = frozenset({"_topic", "_partition", "_offset", "_timestamp"})
+_OPS = {"EqualTo": "=", "GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<",
+        "LessThanOrEqual": "<=", "In": "in"}
+
+
+def _condition(kind: str, name: str, value: Any) -> tuple[tuple[Any, ...], ...]:
+    """One of Spark's filters on a data column as conditions (none for other kinds)."""
+    if kind == "IsNull" or (kind == "EqualNullSafe" and value is None):
+        return ((name, "is null"),)
+    if kind == "IsNotNull":
+        return ((name, "is not null"),)
+    if kind == "EqualNullSafe":
+        return ((name, "=", value),)
+    op = _OPS.get(kind)
+    if op is None or value is None or (op == "in" and any(v is None for v in value)):
+        return ()
+    return ((name, op, tuple(value) if op == "in" else value),)
+
+
+def named(columns: list[str], where: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Conditions with Spark's column names as the topic's ``columns`` name them (Spark's
+    are case-insensitive; a name two columns share but for case is left as it is)."""
+    lower = [n.lower() for n in columns]
+    unique = {k: n for k, n in zip(lower, columns, strict=True) if lower.count(k) == 1}
+    return [(c[0] if c[0] in columns else unique.get(c[0].lower(), c[0]), *c[1:])
+            for c in where]
 
 
 def _narrow(kind: str, value: Any, within: frozenset[int] | None, lo: int, hi: float

@@ -41,7 +41,8 @@ def tracked_state() -> tuple[str, dict[str, str]]:
 
 @pytest.mark.parametrize("script", ["tiering_bench.py", "store_bench.py", "soak.py",
                                     "scaleout_bench.py", "perf_cli_bench.py",
-                                    "scale_bench.py", "validation_bench.py"])
+                                    "scale_bench.py", "validation_bench.py",
+                                    "pushdown_bench.py"])
 def test_help(script):
     r = run(script, "--help")
     assert r.returncode == 0, r.stderr
@@ -73,6 +74,8 @@ def test_help(script):
     ("perf_cli_bench.py", ["--records", "0"], "--records"),
     ("perf_cli_bench.py", ["--processes", "0"], "--processes"),
     ("perf_cli_bench.py", ["--batch-records", "x"], "--batch-records"),
+    ("pushdown_bench.py", ["--partitions", "0"], "--partitions"),
+    ("pushdown_bench.py", ["--gb", "0"], "--gb"),
 ])
 def test_bad_arguments_name_the_flag(script, args, flag):
     r = run(script, *args)

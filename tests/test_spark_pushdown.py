@@ -3,6 +3,7 @@ range is never a wrong answer."""
 
 import random
 
+import pyarrow as pa
 import pytest
 
 from .support import fill_keyed as _fill
@@ -41,6 +42,12 @@ def _predicate(rng: random.Random, micros: list[int]) -> str:
         terms.append(f"_timestamp {op} timestamp_micros({t})")
     if rng.random() < 0.2:
         terms.append(rng.choice(["_topic = 't'", "_topic = 'x'", "_topic in ('t', 'u')"]))
+    if rng.random() < 0.6:  # the data columns: chunk statistics and the key's routing
+        k = rng.randrange(-5, 3005)
+        terms.append(rng.choice([f"key = {k}", f"key in ({k}, {k + 1}, {k * 7 % 3000})",
+                                 f"key > {k}", f"key <= {k}", f"ts >= {k * 10}",
+                                 f"ts < {k * 10}", f"value = 'v{k}'", f"value > 'v{k}'",
+                                 "key is not null", "value is null"]))
     return " and ".join(terms)
 
 
@@ -88,6 +95,34 @@ def test_pushed_filters_skip_partitions_and_offsets_before_reading(tmp_path):
     list(reader.pushFilters([EqualTo(("_topic",), "u"), EqualTo(("_topic",), "u"),
                              In(("_topic",), ("t",))]))
     assert reader.partitions() == []
+
+
+def test_data_column_filters_skip_chunks_by_statistics_and_the_key(tmp_path):
+    from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, IsNull, LessThan
+
+    from pafka_source.options import SourceOptions
+    from pafka_source.reader import PafkaFilteringBatchReader
+    from pafka_source.types import spark_schema
+    from tier_store import partition_of
+    _, t = _fill(tmp_path, "t", 3000, partitions=3, per_append=100)  # 30 chunks a partition
+    opts = SourceOptions.parse({"path": str(tmp_path), "topic": "t", "pushFilters": "true"})
+    reader = PafkaFilteringBatchReader(opts, spark_schema(t.schema, False))
+
+    def planned(filters):
+        list(reader.pushFilters(filters))
+        return [(p.partition, c.base) for part in reader.partitions() for p in part.plans
+                for c in p.chunks]
+
+    assert len(planned([])) == 90
+    # key = 1234: the one chunk of its partition whose keys span it (appends of 100 keys).
+    home = int(partition_of(pa.array([1234]), 3)[0])
+    got = planned([EqualTo(("KEY",), 1234)])  # Spark's names are case-insensitive
+    assert len(got) == 1 and got[0][0] == home
+    assert len(planned([In(("key",), (5, 2995))])) <= 2
+    # A range: the chunks of keys 2500.. in each partition (5 appends), none of the others.
+    assert len(planned([GreaterThanOrEqual(("ts",), 25000)])) == 15
+    assert planned([LessThan(("key",), 0)]) == []
+    assert planned([IsNull(("value",))]) == []  # no chunk holds a null value
 
 
 def test_push_filters_without_the_spark_setting_names_it(spark, tmp_path):
