@@ -38,7 +38,8 @@ def _table(lo: int, n: int, rng: np.random.Generator) -> pa.Table:
 @pytest.fixture(scope="module")
 def topic(tmp_path_factory):
     """Four partitions of chunks routed by ``user``, each chunk over a band of users."""
-    s = Store.open(str(tmp_path_factory.mktemp("stats")), {"log.segment.bytes": "256k"})
+    s = Store.open(str(tmp_path_factory.mktemp("stats")), {"log.segment.bytes": "256k",
+                                                          "log.chunk.statistics": "all"})
     t = s.create_topic("t", SCHEMA, partitions=4)
     rng = np.random.default_rng(7)
     for lo in range(0, 2000, 50):
@@ -135,6 +136,16 @@ def test_no_condition_ever_skips_a_chunk_holding_a_row_it_passes(topic, data):
         assert rows.filter(expr).num_rows == 0, (cond, c.base)
 
 
+def test_by_default_string_columns_have_no_statistics(tmp_path):
+    t = Store.open(str(tmp_path)).create_topic("t", SCHEMA, partitions=1)
+    t.append(_table(0, 100, np.random.default_rng(5)), partition=0)
+    st = parsed(t.state().part(0).chunks.overlapping(0, 100)["st"][0])
+    assert sorted(st["c"]) == ["at", "day", "score", "user"]
+    keep = chunk_filter(t.schema, [("name", "=", "zzz")])  # kept: nothing bounds it
+    assert len(t.plan_reads([(0, 0, None)], keep)[0].chunks) == 1
+    assert list(t.read(0, 0, where=[("name", "=", "zzz")])) == []
+
+
 def test_routing_survives_added_partitions(tmp_path):
     s = Store.open(str(tmp_path))
     t = s.create_topic("t", SCHEMA, partitions=3)
@@ -200,7 +211,7 @@ def test_statistics_live_on_in_checkpoints_pieces_and_the_lake(tmp_path):
 
 
 def test_chunks_without_statistics_are_read(tmp_path, caplog):
-    s = Store.open(str(tmp_path), {"log.chunk.statistics": "false"})
+    s = Store.open(str(tmp_path), {"log.chunk.statistics": "none"})
     t = s.create_topic("t", SCHEMA, partitions=1)
     rng = np.random.default_rng(2)
     for lo in (0, 500):

@@ -282,10 +282,11 @@ KEYS: dict[str, ConfigKey] = {
                   changeable=True, minimum=0),
         ConfigKey("num.partitions", "int", 1, "Partitions of a topic created without a count.",
                   changeable=True, minimum=1, maximum=100_000),
-        ConfigKey("log.chunk.statistics", "enum", "true",
-                  "Whether new chunks record each orderable column's min, max and null "
-                  "count, which let filtered reads skip chunks before reading them.",
-                  changeable=True, choices=("true", "false")),
+        ConfigKey("log.chunk.statistics", "enum", "numeric",
+                  "Which columns of new chunks record their min, max and null count, which "
+                  "let filtered reads skip chunks: numeric (integers, floats, timestamps, "
+                  "dates), all (strings too, which costs a sink several percent more), or "
+                  "none.", changeable=True, choices=("numeric", "all", "none")),
         ConfigKey("compression.type", "enum", "none",
                   "Arrow IPC buffer compression of new chunks.", changeable=True,
                   choices=COMPRESSION_TYPES),

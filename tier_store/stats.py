@@ -16,7 +16,9 @@ many partitions (:func:`tier_store.hashing.partition_of`).
 
 Statistics never decide a row's value: a chunk is skipped only when its bounds show that no
 row of it can pass a condition. A chunk without statistics (written before them, or with
-``log.chunk.statistics=false``), or with any that do not parse, is always read.
+``log.chunk.statistics=none``), or with any that do not parse, is always read; a column
+without (a string column under ``log.chunk.statistics=numeric``, the default) prunes
+nothing. Lake row groups record every orderable column.
 """
 
 from __future__ import annotations
@@ -62,16 +64,12 @@ def domain(t: pa.DataType) -> str | None:
 def _bounds(col: pa.ChunkedArray, kind: str) -> tuple[Any, Any]:
     import pyarrow.compute as pc  # here: importing it costs every process ~60 ms
 
+    if kind == "float":
+        return _float_bounds(col)
     mm = pc.min_max(col)
     lo, hi = mm["min"], mm["max"]
     if kind == "int":
         return lo.as_py(), hi.as_py()
-    if kind == "float":
-        a, b = lo.as_py(), hi.as_py()
-        if pc.any(pc.is_nan(col)).as_py():
-            b = None  # NaN sorts above every number in Spark, and min_max skips it
-        return (a if a is not None and math.isfinite(a) else None,
-                b if b is not None and math.isfinite(b) else None)
     if kind == "us":
         unit = col.type.unit
         a, b = lo.value, hi.value
@@ -87,15 +85,37 @@ def _bounds(col: pa.ChunkedArray, kind: str) -> tuple[Any, Any]:
     return a[:STRING_PREFIX], (b if len(b) <= STRING_PREFIX else None)
 
 
+def _float_bounds(col: pa.ChunkedArray) -> tuple[float | None, float | None]:
+    """A float column's bounds. NaN sorts above every number in Spark, so a column holding
+    one has no max. numpy's max propagates NaN and fmin skips it: five times faster than
+    Arrow's min_max, on columns without nulls (whose slots hold any value)."""
+    import numpy as np
+    if col.null_count:
+        import pyarrow.compute as pc
+        col = pc.drop_null(col)
+    lows, highs = [], []
+    for c in col.chunks:
+        if len(c):
+            a = c.to_numpy(zero_copy_only=False)
+            lows.append(float(np.fmin.reduce(a)))
+            highs.append(float(np.max(a)))
+    if not lows:
+        return None, None
+    lo, hi = min(lows), max(highs)  # NaN only if every value of a chunk is NaN
+    return (lo if math.isfinite(lo) else None,
+            None if any(math.isnan(h) for h in highs) or not math.isfinite(hi) else hi)
+
+
 def compute(batches: Sequence[pa.RecordBatch], schema: pa.Schema,
-            route: tuple[str, int] | None = None) -> dict[str, Any]:
+            route: tuple[str, int] | None = None, strings: bool = True) -> dict[str, Any]:
     """The statistics of a chunk of ``batches`` (of ``schema``); ``route``: the key column
-    and partition count its rows were routed by."""
+    and partition count its rows were routed by; ``strings=False`` leaves string columns
+    out (Arrow's min_max takes about 14 ns a string, ten times an integer's cost)."""
     cols: dict[str, list[Any]] = {}
     rows = sum(b.num_rows for b in batches)
     for i, f in enumerate(schema):
         kind = domain(f.type)
-        if kind is None:
+        if kind is None or (kind == "str" and not strings):
             continue
         col = pa.chunked_array([b.column(i) for b in batches], f.type)
         nulls = col.null_count

@@ -189,9 +189,10 @@ class Topic(positions.GroupPositions):
             groups = [(p, table)]
         compression = self.setting("compression.type")
         limit = self.store.config["log.segment.bytes"] - HEADER_SIZE
-        stats = self.setting("log.chunk.statistics") == "true"
+        stats = self.setting("log.chunk.statistics")
         return [self._append_chunk(p, piece, timestamp_column, durable,
-                                   compute(piece.batches, self.schema, routed) if stats else None)
+                                   None if stats == "none" else
+                                   compute(piece.batches, self.schema, routed, stats == "all"))
                 for p, part in groups for piece in split_chunks(part, compression, limit)]
 
     def sync(self) -> None:
