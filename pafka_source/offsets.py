@@ -151,7 +151,7 @@ def group_offsets(topics: dict[str, Topic], group: str) -> Offsets:
             f"option 'startingOffsets' is 'group', but consumer group {group!r} has no "
             f"committed offsets on {where}; groups there: {', '.join(known) or '(none)'}. "
             "Check the 'consumerGroup' option, or record the group's position first "
-            "(pafka groups ROOT TOPIC --group NAME --reset-to earliest|latest|OFFSET)")
+            "(pafka groups ROOT TOPIC --group NAME --reset-to earliest|latest|OFFSET --execute)")
     out: Offsets = {}
     for name, t in topics.items():
         earliest = t.earliest_offsets()

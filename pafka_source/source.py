@@ -14,7 +14,7 @@ streaming query records its position under it; ``startingOffsets=group`` starts 
 or a batch read, from the group's committed offsets); ``verifyChecksums``.
 
 Start a new query where a consumer group stands (Kafka users reset the group with
-kafka-consumer-groups; here ``pafka groups ROOT TOPIC --group G --reset-to ...``)::
+kafka-consumer-groups; here ``pafka groups ROOT TOPIC --group G --reset-to ... --execute``)::
 
     spark.readStream.format("pafka").option("topic", "clicks")
       .option("consumerGroup", "billing").option("startingOffsets", "group").load(root)

@@ -404,14 +404,21 @@ def test_groups_lists_committed_latest_and_lag_per_partition(tmp_path, capsys):
 def test_groups_reset_to_earliest_latest_an_offset_or_a_timestamp(tmp_path, capsys):
     import time
     t = _groups_store(tmp_path)
+    before = t.positions()
+    # As Kafka's: a reset shows its plan unless --execute is given.
     r = _pafka("groups", str(tmp_path), "clicks", "--group", "g", "--reset-to", "latest")
+    assert r.returncode == 0, r.stderr
+    assert "would reset consumer group g on topic clicks to latest" in r.stdout
+    assert "add --execute to record it" in r.stdout and t.positions() == before
+    r = _pafka("groups", str(tmp_path), "clicks", "--group", "g", "--reset-to", "latest",
+               "--execute")
     assert r.returncode == 0, r.stderr
     assert t.positions()["g"] == {0: 500, 1: 500}
     assert "reset consumer group g on topic clicks to latest" in r.stdout
     assert "overwriting a reset (as in Kafka)" in r.stdout  # the running-query caveat
     # One partition only: the others keep their offsets.
     got = _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "g", "--reset-to",
-                   "250", "--partition", "1", "--json")
+                   "250", "--partition", "1", "--json", "--execute")
     assert got["partitions"] == [{"partition": 1, "before": 500, "after": 250, "latest": 500,
                                   "lag": 250}]
     assert not got["created"] and t.positions()["g"] == {0: 500, 1: 250}
@@ -419,17 +426,32 @@ def test_groups_reset_to_earliest_latest_an_offset_or_a_timestamp(tmp_path, caps
     got = _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "new", "--reset-to",
                    "earliest", "--dry-run", "--json")
     assert got["created"] and got["dry_run"] and "new" not in t.positions()
+    r = _pafka("groups", str(tmp_path), "clicks", "--group", "new", "--reset-to", "earliest")
+    assert "(a new group: check its name)" in r.stdout and "new" not in t.positions()
     _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "new", "--reset-to",
-             "earliest", "--json")
+             "earliest", "--json", "--execute")
     assert t.positions()["new"] == {0: 0, 1: 0}
+    # Shifted, within each partition's range (as Kafka's --shift-by).
+    got = _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "g", "--shift-by",
+                   "-300", "--json", "--execute")
+    assert got["to"] == {"shift_by": -300} and t.positions()["g"] == {0: 200, 1: 0}
+    _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "g", "--shift-by", "1000",
+             "--partition", "0", "--json", "--execute")
+    assert t.positions()["g"] == {0: 500, 1: 0}
     # By time: the first record committed at or after it.
     time.sleep(0.01)
     cut = int(time.time() * 1000)
     time.sleep(0.01)
     t.append(make_batch(1000, 10), partition=0)
     _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "new",
-             "--reset-to-timestamp", str(cut), "--json")
+             "--reset-to-timestamp", str(cut), "--json", "--execute")
     assert t.positions()["new"] == {0: 500, 1: 500}
+    # The same as an ISO 8601 time (Kafka's --to-datetime).
+    import datetime
+    iso = datetime.datetime.fromtimestamp(cut / 1000, datetime.UTC).isoformat()
+    _json_of(capsys, "groups", str(tmp_path), "clicks", "--group", "iso", "--to-datetime",
+             iso, "--json", "--execute")
+    assert t.positions()["iso"] == {0: 500, 1: 500}
 
 
 def test_groups_reset_and_delete_refuse_what_they_cannot_do(tmp_path):
@@ -439,12 +461,21 @@ def test_groups_reset_and_delete_refuse_what_they_cannot_do(tmp_path):
                     "--reset-to needs a topic and a group: pafka groups ROOT TOPIC --group")
     _one_line_error(_pafka("groups", root, "clicks", "--delete"), "--delete needs a topic")
     _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--partition", "0"),
-                    "--partition applies to --reset-to")
+                    "--partition applies to a reset (--reset-to")
+    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--execute"),
+                    "--execute applies to a reset")
+    _one_line_error(_pafka("groups", root, "clicks", "--group", "nobody", "--shift-by", "5"),
+                    "--shift-by: consumer group 'nobody' has no committed offset on "
+                    "partition 0 of topic 'clicks'")
+    r = _pafka("groups", root, "clicks", "--group", "g", "--reset-to", "0", "--execute",
+               "--dry-run")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
     _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--reset-to", "501"),
                     "--reset-to 501 is outside partition 0 of topic 'clicks': it allows 0 "
                     "(earliest) to 500 (latest")
     _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--reset-to", "0",
-                           "--partition", "7"), "--partition 7: topic 'clicks' has partitions 0..1")
+                           "--partition", "7", "--execute"),
+                    "--partition 7: topic 'clicks' has partitions 0..1")
     r = _pafka("groups", root, "clicks", "--group", "g", "--reset-to", "soon")
     assert r.returncode == 2 and "expected earliest, latest or an offset" in r.stderr
     r = _pafka("groups", root, "clicks", "--group", "g", "--reset-to", "0", "--delete")

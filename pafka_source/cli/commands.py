@@ -160,19 +160,24 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
-    resetting = args.reset_to is not None or args.reset_to_timestamp is not None
+    if args.to_datetime is not None:
+        args.reset_to_timestamp = args.to_datetime
+    resetting = args.reset_to is not None or args.reset_to_timestamp is not None or \
+        args.shift_by is not None
     acting = "--reset-to" if resetting else "--delete" if args.delete else None
     if acting is not None and (args.topic is None or args.group is None):
         raise InvalidArgument(f"{acting} needs a topic and a group: pafka groups ROOT TOPIC "
                               f"--group NAME {acting}{' earliest' if resetting else ''}")
-    if args.partition and not resetting:
-        raise InvalidArgument("--partition applies to --reset-to and --reset-to-timestamp")
-    if args.dry_run and not resetting:
-        raise InvalidArgument("--dry-run applies to --reset-to and --reset-to-timestamp")
+    for flag, given in (("--partition", args.partition), ("--dry-run", args.dry_run),
+                        ("--execute", args.execute)):
+        if given and not resetting:
+            raise InvalidArgument(f"{flag} applies to a reset (--reset-to, "
+                                  "--reset-to-timestamp, --to-datetime, --shift-by)")
     store = sc.open_store(args.root)
     if resetting:
         out.emit(groups.reset_group(store, args.topic, args.group, args.reset_to,
-                                    args.reset_to_timestamp, args.partition, args.dry_run),
+                                    args.reset_to_timestamp, args.partition,
+                                    not args.execute, args.shift_by),
                  args.json, out.render_reset)
     elif args.delete:
         out.emit(groups.delete_group(store, args.topic, args.group), args.json,

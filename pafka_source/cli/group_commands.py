@@ -47,14 +47,16 @@ def groups_report(store: Store, topic: str | None = None, group: str | None = No
 
 def reset_group(store: Store, topic: str, group: str, to: str | int | None = None,
                 timestamp_ms: int | None = None, partitions: list[int] | None = None,
-                dry_run: bool = False) -> dict[str, Any]:
+                dry_run: bool = False, shift_by: int | None = None) -> dict[str, Any]:
     """Set consumer group ``group``'s committed offsets on ``topic``: ``to`` is "earliest",
-    "latest" or an offset within each partition's range, or ``timestamp_ms`` picks the first
-    offset committed at or after it. Only ``partitions`` when given (the group's other
-    partitions keep theirs), else every partition (the whole position is replaced). A group
-    with no position yet is created. ``dry_run`` computes without recording."""
-    if (to is None) == (timestamp_ms is None):
-        raise InvalidArgument("give one of --reset-to and --reset-to-timestamp")
+    "latest" or an offset within each partition's range, ``timestamp_ms`` picks the first
+    offset committed at or after it, or ``shift_by`` moves each committed offset (kept
+    within the partition's range, as Kafka's). Only ``partitions`` when given (the group's
+    other partitions keep theirs), else every partition (the whole position is replaced). A
+    group with no position yet is created. ``dry_run`` computes without recording."""
+    if sum(x is not None for x in (to, timestamp_ms, shift_by)) != 1:
+        raise InvalidArgument("give one of --reset-to, --reset-to-timestamp, --to-datetime "
+                              "and --shift-by")
     t = store.topic(topic)
     before = t.positions().get(group)
     earliest, latest = t.earliest_offsets(), t.latest_offsets()
@@ -65,7 +67,15 @@ def reset_group(store: Store, topic: str, group: str, to: str | int | None = Non
                                   f"0..{t.partitions - 1}")
     new: dict[int, int] = {}
     for p in chosen:
-        if timestamp_ms is not None:
+        if shift_by is not None:
+            had = (before or {}).get(p)
+            if had is None:
+                raise InvalidArgument(
+                    f"--shift-by: consumer group {group!r} has no committed offset on "
+                    f"partition {p} of topic {topic!r} to shift; use --reset-to, or "
+                    "--partition for the partitions it has")
+            new[p] = min(max(had + shift_by, earliest[p]), latest[p])
+        elif timestamp_ms is not None:
             new[p] = t.offset_for_time(p, timestamp_ms)
         elif to == "earliest":
             new[p] = earliest[p]
@@ -86,7 +96,8 @@ def reset_group(store: Store, topic: str, group: str, to: str | int | None = Non
             t.reset_position(group, new)
     was = before or {}
     return {"topic": topic, "group": group,
-            "to": to if timestamp_ms is None else {"timestamp_ms": timestamp_ms},
+            "to": {"timestamp_ms": timestamp_ms} if timestamp_ms is not None else
+            {"shift_by": shift_by} if shift_by is not None else to,
             "created": before is None, "dry_run": dry_run,
             "partitions": [{"partition": p, "before": was.get(p), "after": new[p],
                             "latest": latest[p], "lag": latest[p] - new[p]} for p in chosen],

@@ -12,7 +12,7 @@ import sys
 from tier_store import PafkaError
 
 from .. import __version__
-from .args import add_json, add_root, add_topic, offset_or_word, seconds, whole
+from .args import add_json, add_root, add_topic, epoch_ms, offset_or_word, seconds, whole
 from .commands import (
     cmd_check,
     cmd_delete_topic,
@@ -116,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = command("groups", "list consumer groups with their committed offsets and lag per "
                           "partition, or reset or delete a group's offsets on a topic")
     g.epilog = ("Examples: pafka groups ROOT; pafka groups ROOT clicks --json; pafka groups "
-                "ROOT clicks --group billing --reset-to earliest; ... --reset-to 1200 "
-                "--partition 0; ... --reset-to-timestamp 1700000000000 --dry-run. Note: "
-                + RESET_NOTE + ".")
+                "ROOT clicks --group billing --reset-to earliest (shows the plan); ... "
+                "--reset-to earliest --execute (records it); ... --reset-to 1200 "
+                "--partition 0 --execute; ... --shift-by -100 --execute; ... --to-datetime "
+                "2026-05-01T12:00:00Z --execute. As in Kafka, a reset is a dry run unless "
+                "--execute is given. Note: " + RESET_NOTE + ".")
     add_root(g)
     g.add_argument("topic", nargs="?", metavar="TOPIC",
                    help="the topic (all topics when listing without it)")
@@ -131,13 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
     to.add_argument("--reset-to-timestamp", type=whole(0), metavar="MS",
                     help="set the group's committed offsets to the first record committed at "
                          "or after MS (milliseconds since the epoch; latest if none)")
+    to.add_argument("--to-datetime", type=epoch_ms, metavar="TIME",
+                    help="as --reset-to-timestamp, with an ISO 8601 time such as "
+                         "2026-05-01T12:00:00Z (UTC unless it names a zone), as Kafka's")
+    to.add_argument("--shift-by", type=int, metavar="N",
+                    help="move each partition's committed offset by N (negative: back), "
+                         "kept within the partition's earliest and latest, as Kafka's")
     to.add_argument("--delete", action="store_true",
                     help="forget the group's committed offsets on the topic")
     g.add_argument("--partition", type=whole(0), action="append", metavar="P",
                    help="reset only partition P (repeatable); the group's other partitions "
                         "keep their offsets. Without it every partition is reset")
-    g.add_argument("--dry-run", action="store_true",
-                   help="show what a reset would record, without recording it")
+    run = g.add_mutually_exclusive_group()
+    run.add_argument("--execute", action="store_true",
+                     help="record the reset (without it, a reset only shows its plan)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="show what a reset would record, without recording it (the "
+                          "default)")
     g.set_defaults(func=cmd_groups)
     k = command("check", "verify topics against their commit logs and checksums")
     add_root(k)

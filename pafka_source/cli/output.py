@@ -280,13 +280,15 @@ def render_groups(report: dict[str, Any]) -> list[str]:
 def render_reset(report: dict[str, Any]) -> list[str]:
     """The result of ``pafka groups --reset-to`` for people."""
     to = report["to"]
-    what = f"timestamp {to['timestamp_ms']} ms" if isinstance(to, dict) else str(to)
+    what = str(to) if not isinstance(to, dict) else \
+        f"timestamp {to['timestamp_ms']} ms" if "timestamp_ms" in to else \
+        f"its offsets shifted by {to['shift_by']}"
     head = (f"{'would reset' if report['dry_run'] else 'reset'} consumer group "
             f"{report['group']} on topic {report['topic']} to {what}")
     if report["created"]:
-        head += " (a new group)"
+        head += " (a new group: check its name)" if report["dry_run"] else " (a new group)"
     if report["dry_run"]:
-        head += "; dry run: nothing recorded"
+        head += "; dry run: nothing recorded (add --execute to record it)"
     rows = [[p["partition"], p["before"], p["after"], p["latest"], p["lag"]]
             for p in report["partitions"]]
     return [head, *table(["PARTITION", "BEFORE", "AFTER", "LATEST", "LAG"], rows),
