@@ -22,8 +22,12 @@ __version__ = "0.1.0"
 #: UDFs), which it speeds up the same way.
 #: ``spark.sql.python.filterPushdown.enabled`` lets a batch read with ``pushFilters=true`` take
 #: the filters of its query (PySpark 4.1+; older versions ignore the key).
+#: ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` shows a failing read or write as
+#: its error alone (two lines: pafka's errors name what is wrong), not under 8 to 17 lines of
+#: Python traceback. It applies to the session's Python UDFs too; unset it to debug one.
 SPARK_CONF: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
-                              "spark.sql.python.filterPushdown.enabled": "true"}
+                              "spark.sql.python.filterPushdown.enabled": "true",
+                              "spark.sql.execution.pyspark.udf.hideTraceback.enabled": "true"}
 
 
 def register(spark: Any) -> None:

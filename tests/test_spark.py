@@ -69,6 +69,11 @@ def test_recommended_spark_settings_write_exactly_the_rows(spark, tmp_path):
              .start(str(tmp_path)))
         q.awaitTermination()
         assert _keys(spark, tmp_path, "copy") == list(range(25000))
+        # A failing read shows pafka's error alone, with no Python traceback above it.
+        with pytest.raises(Exception) as err:
+            spark.read.format("pafka").option("topic", "nope").load(str(tmp_path)).collect()
+        assert "TopicNotFound: topic 'nope' does not exist" in str(err.value)
+        assert "Traceback" not in str(err.value) and len(str(err.value).splitlines()) <= 3
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
         for k, v in before.items():
