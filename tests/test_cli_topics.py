@@ -395,7 +395,7 @@ def test_produce_shows_a_progress_bar_on_a_terminal(root, tmp_path):
     ("text.csv", "key,ts,value\n1,2,a\nmany,3,b\n",
      ["text.csv", "column 'key'", "text in CSV", "int64", "'many'"]),
     ("lines.jsonl", '{"key": 1, "ts": 2, "value": "a"}\n{"key": "one", "ts": 2}\n',
-     ["lines.jsonl", "cannot read it as json", "/key"]),
+     ["lines.jsonl", "cannot read it as json", "column 'key' is a JSON string"]),
     ("garbage.parquet", "not parquet at all", ["garbage.parquet: cannot read it as parquet"]),
     ("garbage.arrow", "not arrow at all", ["garbage.arrow: cannot read it as arrow"]),
     ("data.xlsx", "", ["cannot tell the format of", "data.xlsx", "--format"]),
@@ -490,3 +490,49 @@ def test_produce_null_values_lists_the_cells_that_are_null(root, tmp_path, capsy
         cli.main(["produce", str(root), "f", "--from", str(tmp_path / "d.parquet"),
                   "--null-values", "NULL"])
     assert e.value.code == 2
+
+
+# -- produce: what a user meets ----------------------------------------------------------------
+def test_produce_json_names_a_wrong_type_and_warns_of_a_column_no_record_holds(root, tmp_path,
+                                                                                capsys):
+    (tmp_path / "bad.jsonl").write_text('{"key": "x", "ts": 1, "value": "a"}\n')
+    one_line_error(capsys, ["produce", root, "t", "--from", tmp_path / "bad.jsonl"],
+                   "column 'key' is a JSON string", "topic's bigint needs a JSON number")
+    (tmp_path / "no_ts.jsonl").write_text(
+        "".join(f'{{"key": {i}, "value": "v{i}"}}\n' for i in range(5)))
+    r = installed(tmp_path, "produce", root, "t", "--from", tmp_path / "no_ts.jsonl")
+    assert r.returncode == 0 and "produced 5 records" in r.stdout, r.stderr
+    assert "holds column 'ts' of topic 't': stored as nulls" in r.stderr
+    assert "'value'" not in r.stderr and [x["ts"] for x in records(root)] == [None] * 5
+
+
+def test_produce_refuses_csv_without_a_header_line(root, tmp_path):
+    r = installed(tmp_path, "produce", root, "t", "--from", "-", "--format", "csv",
+                  stdin="1,10,v1\n")
+    assert r.returncode == 1 and "names no column of the topic" in r.stderr, r.stderr
+    assert "starts with a header line naming its columns (key,ts,value)" in r.stderr
+    assert records(root) == []
+
+
+def test_ctrl_c_during_produce_says_what_went_in_and_skip_resumes(root, tmp_path):
+    import signal
+    import time
+    n = 400_000
+    pq.write_table(_table(n), tmp_path / "big.parquet", row_group_size=1000)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.Popen([PAFKA, "produce", str(root), "t", "--from",
+                          str(tmp_path / "big.parquet"), "--batch-records", "1000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    t = Store.open(root, create=False).topic("t")
+    deadline = time.monotonic() + 60
+    while sum(t.latest_offsets().values()) < 5000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    got = sum(t.latest_offsets().values())
+    assert p.returncode == 1 and 0 < got < n, (got, err)
+    assert f"interrupted: {got:,} records of" in err and f"--skip {got}" in err, err
+    r = installed(tmp_path, "produce", root, "t", "--from", tmp_path / "big.parquet",
+                  "--skip", str(got))
+    assert r.returncode == 0, r.stderr
+    assert [x["key"] for x in records(root)] == list(range(n))  # none lost, none twice

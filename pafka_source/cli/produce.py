@@ -12,9 +12,12 @@ In CSV only an empty cell is null (and in a string column, none): ``nan``, ``NaN
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
@@ -25,6 +28,7 @@ from tier_store import InvalidArgument, SchemaMismatch, Store, Topic, check_vali
 
 from ..schema_text import type_text
 
+log = logging.getLogger(__name__)
 FORMATS = ("parquet", "csv", "json", "arrow")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
              ".json": "json", ".jsonl": "json", ".ndjson": "json", ".arrow": "arrow",
@@ -32,6 +36,7 @@ _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "cs
 _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
 _CSV_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?CSV conversion error to "
                         r"([^:]+): (.*)")
+_JSON_ERROR = re.compile(r"JSON parse error: Column\(/([^)]*)\) changed from (\w+) to (\w+)")
 
 
 def file_format(path: str, given: str | None) -> str:
@@ -81,8 +86,16 @@ class _Source:
                                   f"{self._column_names(str(e))}") from None
 
     def _column_names(self, message: str) -> str:
-        """pyarrow's CSV errors number columns: name the column and both types."""
+        """pyarrow's CSV errors number columns, its JSON errors name JSON's types: name the
+        column and the topic's type."""
         first = message.splitlines()[0]
+        j = _JSON_ERROR.match(first)
+        if j is not None:
+            name = j.group(1)
+            i = self.schema.get_field_index(name)
+            want = type_text(self.schema.field(i).type) if i >= 0 else "no such column"
+            return (f"column {name!r} is a JSON {j.group(3)} in a record, where the "
+                    f"topic's {want} needs a JSON {j.group(2)}")
         m = _CSV_ERROR.match(first)
         if m is None:
             return first
@@ -144,6 +157,13 @@ class _Source:
                                read_options=pcsv.ReadOptions(block_size=4 << 20),
                                parse_options=pcsv.ParseOptions(delimiter=delimiter),
                                convert_options=convert)
+        header = reader.schema.names
+        if not set(header) & set(self.schema.names):
+            # A file without a header line: its first record would be taken for one.
+            raise InvalidArgument(
+                f"{self.name}: the first line ({', '.join(header)[:80]}) names no column of "
+                f"the topic; a CSV input starts with a header line naming its columns "
+                f"({','.join(self.schema.names)})")
         yield from reader
 
     def _json(self) -> Iterator[pa.RecordBatch]:
@@ -187,6 +207,45 @@ def fit(batch: pa.RecordBatch, schema: pa.Schema, topic: str, source: str) -> pa
                                 if schema.metadata else schema)
 
 
+class _CommitGuard:
+    """Defers Ctrl-C (SIGINT) while its block runs, then raises it; elsewhere Ctrl-C stops
+    at once (also a read waiting on stdin). Only in the main thread, where signals land."""
+
+    def __init__(self) -> None:
+        self.inside = self.hit = False
+        self.old: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if not self.inside:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __enter__(self) -> None:
+        self.inside = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.inside = False
+        if self.hit and exc[0] is None:
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
+
+
+def _skipped(batches: Iterator[pa.RecordBatch], n: int) -> Iterator[pa.RecordBatch]:
+    """``batches`` without their first ``n`` rows."""
+    for b in batches:
+        if n >= b.num_rows:
+            n -= b.num_rows
+            continue
+        yield b.slice(n) if n else b
+        n = 0
+
+
 def _rebatched(batches: Iterator[pa.RecordBatch], n: int) -> Iterator[pa.Table]:
     """Tables of ``n`` rows (the last fewer), from batches of any size."""
     held: list[pa.RecordBatch] = []
@@ -204,15 +263,21 @@ def _rebatched(batches: Iterator[pa.RecordBatch], n: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(held)
 
 
+class Interrupted(InvalidArgument):
+    """Ctrl-C during ``produce``: what went in, and how to go on."""
+
+
 def produce(store: Store, topic: str, path: str, fmt: str | None = None,
             key: str | None = None, partition: int | None = None,
             batch_records: int = 65536,
             progress: Callable[[int, int | None], None] | None = None,
-            null_values: list[str] | None = None) -> dict[str, Any]:
+            null_values: list[str] | None = None, skip: int = 0) -> dict[str, Any]:
     """Append the records of file ``path`` (``-``: stdin) to ``topic`` in batches of
-    ``batch_records``; ``progress(records, total)`` after each. ``null_values``: the CSV
-    cells that are null (default: only an empty one). The summary: records, bytes, records
-    per partition, seconds."""
+    ``batch_records``, after its first ``skip``; ``progress(records, total)`` after each.
+    ``null_values``: the CSV cells that are null (default: only an empty one). A column of
+    the topic that no record of a JSON file holds is stored as nulls, with a warning. Ctrl-C
+    stops after the batch being committed: :class:`Interrupted` says how many records went
+    in and how to resume. The summary: records, bytes, records per partition, seconds."""
     t: Topic = store.topic(topic)
     if key is not None and key not in t.schema.names:
         raise InvalidArgument(f"--key {key}: not a column of topic {topic!r} (columns: "
@@ -227,12 +292,16 @@ def produce(store: Store, topic: str, path: str, fmt: str | None = None,
     src = _Source(path, fmt, t.schema, batch_records, null_values)
     records, size, by_partition = 0, 0, dict.fromkeys(range(t.partitions), 0)
     started = time.perf_counter()
+    absent = set(t.schema.names) if fmt == "json" else set()  # no value seen yet
+    guard = _CommitGuard()
     try:
-        for table in _rebatched(src.batches(), batch_records):
+        for table in _rebatched(_skipped(src.batches(), skip), batch_records):
             data = fit(table, t.schema, topic, src.name)
+            absent -= {n for n in absent if data.column(n).null_count < data.num_rows}
             refs = t.write_chunks(data, partition=partition, key=key)
-            t.commit(refs)
-            records += data.num_rows
+            with guard:  # Ctrl-C waits for the commit: the count below is then exact
+                t.commit(refs)
+                records += data.num_rows
             size += sum(r.length for r in refs)
             for r in refs:
                 by_partition[r.partition] = by_partition.get(r.partition, 0) + r.records
@@ -242,6 +311,16 @@ def produce(store: Store, topic: str, path: str, fmt: str | None = None,
         if records:  # say what is in the topic already
             raise type(e)(f"{e} (the {records:,} records before it were produced)") from None
         raise
+    except KeyboardInterrupt:
+        guard.close()
+        raise Interrupted(
+            f"interrupted: {records:,} records of {src.name} were produced to topic "
+            f"{topic!r} (after the {skip:,} skipped); to go on, produce it again with "
+            f"--skip {skip + records}") from None
+    guard.close()
+    for name in sorted(absent) if records else ():
+        log.warning("no record of %s holds column %r of topic %r: stored as nulls", src.name,
+                    name, topic)
     seconds = time.perf_counter() - started
     return {"topic": topic, "file": src.name, "format": fmt, "records": records, "bytes": size,
             "partitions": {str(p): n for p, n in sorted(by_partition.items())},
@@ -250,4 +329,4 @@ def produce(store: Store, topic: str, path: str, fmt: str | None = None,
             "latest": {str(p): o for p, o in t.latest_offsets().items()}}
 
 
-__all__ = ["FORMATS", "file_format", "fit", "produce"]
+__all__ = ["FORMATS", "Interrupted", "file_format", "fit", "produce"]

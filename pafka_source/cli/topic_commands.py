@@ -219,7 +219,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
             bar.update(records - bar.n)
         summary = produce(store, args.topic, args.source, args.format, args.key,
                           args.partition, args.batch_records, progress,
-                          null_values=_null_values(args.null_values))
+                          null_values=_null_values(args.null_values), skip=args.skip)
     out.emit(summary, args.json, out.render_produced)
     return 0
 
@@ -325,6 +325,9 @@ def add_commands(command: Any) -> None:
                     help="write every record to partition P")
     p.add_argument("--batch-records", type=whole(1), default=65536, metavar="N",
                    help="records read and appended at a time (default 65536)")
+    p.add_argument("--skip", type=whole(0), default=0, metavar="N",
+                   help="leave out the file's first N records (to resume an interrupted "
+                        "produce: it names N)")
     p.add_argument("--null-values", action="append", metavar="V,...",
                    help="CSV: cells that are null (comma list; repeatable). Default: only an "
                         "empty cell, and in a string column none (nan is NaN, NULL is text)")
