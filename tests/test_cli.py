@@ -89,6 +89,14 @@ def _tiered(root, shm_dir, n=120):
     return s, fill(s, n)
 
 
+def _usage_error(r, *needles):
+    """A usage error: exit 2, argparse's usage line, then the problem."""
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "usage: pafka groups" in r.stderr, r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
 def _one_line_error(r, *needles):
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
@@ -457,13 +465,13 @@ def test_groups_reset_to_earliest_latest_an_offset_or_a_timestamp(tmp_path, caps
 def test_groups_reset_and_delete_refuse_what_they_cannot_do(tmp_path):
     t = _groups_store(tmp_path)
     root = str(tmp_path)
-    _one_line_error(_pafka("groups", root, "--reset-to", "earliest"),
-                    "--reset-to needs a topic and a group: pafka groups ROOT TOPIC --group")
-    _one_line_error(_pafka("groups", root, "clicks", "--delete"), "--delete needs a topic")
-    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--partition", "0"),
-                    "--partition applies to a reset (--reset-to")
-    _one_line_error(_pafka("groups", root, "clicks", "--group", "g", "--execute"),
-                    "--execute applies to a reset")
+    _usage_error(_pafka("groups", root, "--reset-to", "earliest"),
+                 "--reset-to needs a topic and a group: pafka groups ROOT TOPIC --group")
+    _usage_error(_pafka("groups", root, "clicks", "--delete"), "--delete needs a topic")
+    _usage_error(_pafka("groups", root, "clicks", "--group", "g", "--partition", "0"),
+                 "--partition applies to a reset (--reset-to")
+    _usage_error(_pafka("groups", root, "clicks", "--group", "g", "--execute"),
+                 "--execute applies to a reset")
     _one_line_error(_pafka("groups", root, "clicks", "--group", "nobody", "--shift-by", "5"),
                     "--shift-by: consumer group 'nobody' has no committed offset on "
                     "partition 0 of topic 'clicks'")

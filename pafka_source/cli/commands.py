@@ -159,20 +159,30 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_groups(args: argparse.Namespace) -> int:
-    if args.to_datetime is not None:
-        args.reset_to_timestamp = args.to_datetime
-    resetting = args.reset_to is not None or args.reset_to_timestamp is not None or \
-        args.shift_by is not None
+def _resetting(args: argparse.Namespace) -> bool:
+    return args.reset_to is not None or args.reset_to_timestamp is not None or \
+        args.to_datetime is not None or args.shift_by is not None
+
+
+def groups_usage(args: argparse.Namespace) -> str | None:
+    """A misuse of ``pafka groups``' flags (a usage error, exit 2), or None."""
+    resetting = _resetting(args)
     acting = "--reset-to" if resetting else "--delete" if args.delete else None
     if acting is not None and (args.topic is None or args.group is None):
-        raise InvalidArgument(f"{acting} needs a topic and a group: pafka groups ROOT TOPIC "
-                              f"--group NAME {acting}{' earliest' if resetting else ''}")
+        return (f"{acting} needs a topic and a group: pafka groups ROOT TOPIC --group NAME "
+                f"{acting}{' earliest' if resetting else ''}")
     for flag, given in (("--partition", args.partition), ("--dry-run", args.dry_run),
                         ("--execute", args.execute)):
         if given and not resetting:
-            raise InvalidArgument(f"{flag} applies to a reset (--reset-to, "
-                                  "--reset-to-timestamp, --to-datetime, --shift-by)")
+            return (f"{flag} applies to a reset (--reset-to, --reset-to-timestamp, "
+                    "--to-datetime, --shift-by)")
+    return None
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    if args.to_datetime is not None:
+        args.reset_to_timestamp = args.to_datetime
+    resetting = _resetting(args)
     store = sc.open_store(args.root)
     if resetting:
         out.emit(groups.reset_group(store, args.topic, args.group, args.reset_to,

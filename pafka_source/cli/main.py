@@ -23,6 +23,7 @@ from .commands import (
     cmd_resize,
     cmd_tiers,
     cmd_topics,
+    groups_usage,
 )
 from .demo import cmd_demo
 from .group_commands import RESET_NOTE
@@ -30,8 +31,9 @@ from .output import echo, error_text
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = ("The pafka command: list, describe, check and migrate a Pafka tier store, list "
-               "and reset its consumer groups, or run the end-to-end Spark demo.")
+DESCRIPTION = ("The pafka command: create, produce to, consume and describe topics of a Pafka "
+               "tier store; list, check and migrate its tiers; list and reset its consumer "
+               "groups; measure it (perf); or run the end-to-end Spark demo.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="show what a reset would record, without recording it (the "
                           "default)")
-    g.set_defaults(func=cmd_groups)
+    g.set_defaults(func=cmd_groups, parser=g, check_usage=groups_usage)
     k = command("check", "verify topics against their commit logs and checksums")
     add_root(k)
     k.add_argument("--topic", metavar="TOPIC", help="check only this topic (default: all)")
