@@ -108,7 +108,7 @@ def _one_line_error(r, *needles):
 @pytest.mark.parametrize("command", [["topics"], ["tiers"], ["describe", "{root}", "t"],
                                      ["check"], ["migrate"], ["groups"],
                                      ["create-topic", "{root}", "t", "--schema", "a long"],
-                                     ["add-partitions", "{root}", "t", "1"],
+                                     ["add-partitions", "{root}", "t", "--add", "1"],
                                      ["config", "{root}", "t"],
                                      ["produce", "{root}", "t", "--from", "-", "--format",
                                       "csv"]])

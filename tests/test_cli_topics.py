@@ -170,17 +170,27 @@ def test_create_topic_refuses_a_missing_store_an_existing_topic_and_bad_options(
 
 
 # -- add-partitions ---------------------------------------------------------------------------
-def test_add_partitions_adds_n_more(root, capsys):
-    r = as_json(capsys, "add-partitions", root, "t", "3")
+def test_add_partitions_adds_n_more_or_up_to_a_total(root, capsys):
+    r = as_json(capsys, "add-partitions", root, "t", "--add", "3")
     assert r == {"topic": "t", "before": 2, "added": 3, "partitions": 5}
     assert Store.open(root, create=False).topic("t").partitions == 5
-    rc, out, _ = run(capsys, "add-partitions", root, "t", "1")
+    rc, out, _ = run(capsys, "add-partitions", root, "t", "--add", "1")
     assert rc == 0 and "2 -> 6" not in out and "5 -> 6 partitions (+1)" in out
-    one_line_error(capsys, ["add-partitions", root, "nope", "1"], "topic 'nope' does not exist",
-                   "topics: t")
-    with pytest.raises(SystemExit) as e:
-        cli.main(["add-partitions", str(root), "t", "0"])
-    assert e.value.code == 2
+    # Kafka's meaning: the new count.
+    r = as_json(capsys, "add-partitions", root, "t", "--partitions", "8")
+    assert r == {"topic": "t", "before": 6, "added": 2, "partitions": 8}
+    one_line_error(capsys, ["add-partitions", root, "t", "--total", "8"],
+                   "--total 8: topic 't' has 8 partitions already; the count can only grow")
+    one_line_error(capsys, ["add-partitions", root, "nope", "--add", "1"],
+                   "topic 'nope' does not exist", "topics: t")
+    for argv, why in ((["0", "--add"], None), (["4"], "a bare 4 is ambiguous: give --add 4"),
+                      ([], "give --add N")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["add-partitions", str(root), "t", *argv])
+        assert e.value.code == 2
+        if why:
+            assert why in capsys.readouterr().err
+    assert Store.open(root, create=False).topic("t").partitions == 8
 
 
 # -- alter-topic --------------------------------------------------------------------------------

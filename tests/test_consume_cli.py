@@ -98,6 +98,20 @@ def test_start_points_and_max(root, capsys):
     assert len(keys("--from-time", "0")) == 14
     assert keys("--from-time", "2999-01-01T00:00:00Z") == []
     assert len(keys("--from-time", "2000-01-01")) == 14  # ISO without a zone: UTC
+    # Kafka's console consumer's flags.
+    assert keys("--partition", "0", "--from-beginning", "--max-messages", "2") == [0, 1]
+
+
+def test_commit_times_print_as_iso_on_request_and_kafka_flags_are_answered(root, capsys):
+    rc, out, _ = run(capsys, root, "t", "--format", "json", "--time", "iso", "--max", "1")
+    ms = json_records(run(capsys, root, "t", "--format", "json", "--max", "1")[1])[0]
+    got = json_records(out)[0]["_timestamp"]
+    import datetime
+    assert rc == 0 and got.endswith("Z") and datetime.datetime.fromisoformat(
+        got).timestamp() * 1000 == ms["_timestamp"]
+    assert main(["topics", root, "--list"]) == 0 and capsys.readouterr().out.startswith("t\t")
+    rc, _, err = run(capsys, "--bootstrap-server", "localhost:9092", "t")
+    assert rc == 2 and "pafka has no broker to connect to; give the store's directory" in err
 
 
 def test_a_group_starts_from_its_offsets_and_commits_what_was_printed(root, capsys):

@@ -174,7 +174,8 @@ def test_readme_command_synopses_match_the_parser():
     for name, (synopsis, _) in _readme_commands().items():
         sub = _subcommands()[name]
         options = {s: a for a in sub._actions for s in a.option_strings}
-        positionals = [a for a in sub._actions if not a.option_strings]
+        positionals = [a for a in sub._actions if not a.option_strings
+                       and a.help != argparse.SUPPRESS]  # hidden: answers a misuse only
         tokens = re.findall(r"--[\w-]+|[A-Z][A-Z_=]*|…", synopsis)
         named, i = [], 0
         while i < len(tokens):

@@ -51,11 +51,17 @@ def add_commands(command: Any) -> None:
                        help="where each partition starts: its earliest or latest offset, or "
                             "offset N (within each partition's range). Default: earliest, or "
                             "the group's committed offsets with --group")
+    start.add_argument("--from-beginning", dest="offset", action="store_const",
+                       const="earliest", help="the same as --offset earliest (Kafka's flag)")
     start.add_argument("--from-time", type=epoch_ms, metavar="T",
                        help="start at the first record committed at or after T: milliseconds "
                             "since the epoch, or an ISO 8601 time (UTC unless it has a zone)")
-    c.add_argument("--max", type=whole(1), metavar="N",
-                   help="stop after N records (with --follow too)")
+    c.add_argument("--max", "--max-messages", type=whole(1), metavar="N",
+                   help="stop after N records (with --follow too); --max-messages is Kafka's "
+                        "name")
+    c.add_argument("--time", choices=("ms", "iso"), default="ms",
+                   help="_timestamp as milliseconds since the epoch (default) or as ISO 8601 "
+                        "in UTC")
     c.add_argument("--follow", action="store_true",
                    help="keep printing records as they are committed, until Ctrl-C (exit 0)")
     start.add_argument("--group", metavar="G",
@@ -139,9 +145,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def rows(fb: FetchedBatch) -> list[dict[str, Any]]:
-    """The batch's records as dicts: metadata first, then the topic's columns."""
-    return [{META[0]: fb.partition, META[1]: fb.offset + i, META[2]: fb.timestamp,
+def rows(fb: FetchedBatch, iso: bool = False) -> list[dict[str, Any]]:
+    """The batch's records as dicts: metadata first, then the topic's columns (``iso``: the
+    commit time as ISO 8601 in UTC, to the millisecond)."""
+    ts: Any = fb.timestamp
+    if iso:
+        ts = dt.datetime.fromtimestamp(ts / 1000, dt.UTC).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
+    return [{META[0]: fb.partition, META[1]: fb.offset + i, META[2]: ts,
              **{k: _plain(v) for k, v in row.items()}}
             for i, row in enumerate(fb.batch.to_pylist())]
 
@@ -158,8 +169,8 @@ class Printer:
     """Renders batches in one format: a header once (csv, table), then lines. A table's
     widths are set by its first rows; a longer value widens its own cell only."""
 
-    def __init__(self, fmt: str, schema: pa.Schema):
-        self.fmt = fmt
+    def __init__(self, fmt: str, schema: pa.Schema, iso: bool = False):
+        self.fmt, self.iso = fmt, iso
         self.columns = [*META, *schema.names]
         # Numbers right-aligned, as in every table of pafka.
         self.right = [True] * len(META) + [
@@ -169,7 +180,7 @@ class Printer:
 
     def lines(self, fb: FetchedBatch) -> list[str]:
         """The lines printing ``fb``."""
-        records = rows(fb)
+        records = rows(fb, self.iso)
         if self.fmt == "json":
             return [json.dumps(r) for r in records]
         if self.fmt == "csv":
@@ -209,7 +220,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     store = open_store(args.root)
     records = consume(store, args.topic, args.partition, args.offset, args.from_time,
                       args.max, args.follow, args.group, args.skip_corrupt)
-    printer = Printer(args.format, store.topic(args.topic).schema)
+    printer = Printer(args.format, store.topic(args.topic).schema, args.time == "iso")
     count = 0
     try:
         for fb in records:

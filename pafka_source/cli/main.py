@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = command("topics", "list the topics of a store")
     add_root(t)
     add_json(t)
+    t.add_argument("--list", action="store_true", help="accepted for Kafka's kafka-topics "
+                                                      "--list: topics always lists")
     t.set_defaults(func=cmd_topics)
     u = command("tiers", "show each tier's usage, its usable capacity (a PMEM tier's: its "
                          "pool, log.pmem.pool.ratio of its size) and the fill the migration "
@@ -174,6 +176,10 @@ def _extra_commands() -> list:
 def main(argv: list[str] | None = None) -> int:
     """Run ``pafka`` with ``argv`` (default: the process's arguments); the exit status."""
     ap = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    if any(a == "--bootstrap-server" or a.startswith("--bootstrap-server=") for a in given):
+        ap.error("--bootstrap-server: pafka has no broker to connect to; give the store's "
+                 "directory or URL as ROOT instead, e.g. pafka consume ./store clicks")
     args = ap.parse_args(argv)
     verbose = bool(getattr(args, "verbose", False))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

@@ -80,10 +80,20 @@ def create_topic(store: Store, name: str, schema: pa.Schema, partitions: int | N
             "schema": schema_text(t.schema), "config": t.config}
 
 
-def add_partitions(store: Store, name: str, n: int) -> dict[str, Any]:
-    """Add ``n`` partitions to topic ``name``: its count before and after."""
+def add_partitions(store: Store, name: str, n: int | None = None,
+                   total: int | None = None) -> dict[str, Any]:
+    """Add ``n`` partitions to topic ``name``, or as many as make ``total`` (Kafka's
+    ``--partitions``: a count below the topic's is an error, as there): its count before
+    and after."""
     t = store.topic(name)
     before = t.partitions
+    if total is not None:
+        if total <= before:
+            raise InvalidArgument(f"--total {total}: topic {name!r} has {before} partitions "
+                                  "already; the count can only grow (--total names the new "
+                                  "count, --add how many to add)")
+        n = total - before
+    assert n is not None
     return {"topic": name, "before": before, "added": n, "partitions": t.add_partitions(n)}
 
 
@@ -187,8 +197,8 @@ def cmd_create_topic(args: argparse.Namespace) -> int:
 
 
 def cmd_add_partitions(args: argparse.Namespace) -> int:
-    out.emit(add_partitions(sc.open_store(args.root), args.topic, args.n), args.json,
-             out.render_partitions)
+    out.emit(add_partitions(sc.open_store(args.root), args.topic, args.add, args.total),
+             args.json, out.render_partitions)
     return 0
 
 
@@ -273,9 +283,20 @@ def add_commands(command: Any) -> None:
                                   "records stay where they are)")
     add_root(a)
     add_topic(a)
-    a.add_argument("n", type=whole(1), metavar="N", help="how many partitions to add")
+    a.epilog = ("Example: pafka add-partitions ROOT clicks --total 8 (Kafka's "
+                "--partitions 8: the new count); ... --add 2 (two more)")
+    how = a.add_mutually_exclusive_group()
+    how.add_argument("--total", "--partitions", type=whole(1), metavar="N",
+                     help="the topic's new partition count, as Kafka's --partitions")
+    how.add_argument("--add", type=whole(1), metavar="N", help="how many partitions to add")
+    # A bare N meant "add N" before; Kafka's N is the new count: a bare one says which to use.
+    a.add_argument("bare", nargs="?", help=argparse.SUPPRESS)
     add_json(a)
-    a.set_defaults(func=cmd_add_partitions)
+    a.set_defaults(func=cmd_add_partitions, parser=a, check_usage=lambda x: (
+        f"a bare {x.bare} is ambiguous: give --add {x.bare} ({x.bare} more partitions) or "
+        f"--total {x.bare} (the new count, as Kafka's --partitions)" if x.bare is not None
+        else "give --add N (N more partitions) or --total N (the new count)"
+        if x.add is None and x.total is None else None))
 
     e = command("alter-topic", "change a topic's schema as Delta allows: add nullable "
                                "columns, widen types, make columns nullable")
