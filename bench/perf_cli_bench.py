@@ -43,7 +43,7 @@ def pafka_perf(mode: str, root: str, records: int, batch: int, processes: int) -
     cmd = [PAFKA, "perf", mode, root, "perf", "--records", str(records), "--batch-records",
            str(batch), "--processes", str(processes), "--json"]
     if mode == "produce":
-        cmd += ["--record-size", str(VALUE_BYTES)]
+        cmd += ["--record-size", str(VALUE_BYTES), "--create"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise fail(f"{' '.join(cmd[1:3])} exited {r.returncode}: {r.stderr.strip()}")

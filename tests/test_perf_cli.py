@@ -47,7 +47,7 @@ def check_figures(r: dict, processes: int, records: int, record_bytes: int) -> N
 
 def test_produce_then_consume_in_two_processes(root, tmp_path):
     r = perf(tmp_path, "produce", root, "p", "--records", "5000", "--record-size", "104",
-             "--processes", "2", "--batch-records", "1000", "--json")
+             "--processes", "2", "--batch-records", "1000", "--json", "--create")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     # 116 bytes a record in Arrow: 8 of key, 104 of value, a 4-byte offset.
@@ -75,7 +75,7 @@ def test_produce_then_consume_in_two_processes(root, tmp_path):
 def test_consume_creates_and_fills_a_missing_topic(root, capsys):
     with pytest.raises(SystemExit) as e:
         sys.exit(main(["perf", "consume", root, "fresh", "--records", "3000",
-                       "--record-size", "10", "--batch-records", "500", "--json"]))
+                       "--record-size", "10", "--batch-records", "500", "--json", "--create"]))
     assert e.value.code == 0
     rep = json.loads(capsys.readouterr().out)
     check_figures(rep, 1, 3000, 8 + 10 + 4)
@@ -85,7 +85,7 @@ def test_consume_creates_and_fills_a_missing_topic(root, capsys):
 
 def test_the_throughput_cap_holds_per_process(root, tmp_path):
     r = perf(tmp_path, "produce", root, "p", "--records", "600", "--record-size", "8",
-             "--batch-records", "50", "--throughput", "1000", "--json")
+             "--batch-records", "50", "--throughput", "1000", "--json", "--create")
     assert r.returncode == 0, r.stderr
     total = json.loads(r.stdout)["total"]
     # 600 records at 1000/s: the last is due at 0.6 s at the earliest.
@@ -97,7 +97,7 @@ def test_a_process_that_fails_fails_the_run_naming_it_and_why(tmp_path):
     root = str(tmp_path / "store")
     Store.open(root, {"log.segment.bytes": "64k", "storage.tiers.first.sizes": "1m"}).close()
     r = perf(tmp_path, "produce", root, "p", "--records", "20000", "--record-size", "1000",
-             "--batch-records", "100", "--processes", "2")
+             "--batch-records", "100", "--processes", "2", "--create")
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("pafka: perf process 0 failed: no local tier has room")
     assert "; perf process 1 failed: no local tier has room" in r.stderr
@@ -105,16 +105,22 @@ def test_a_process_that_fails_fails_the_run_naming_it_and_why(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["consume", "{root}", "nope", "--records", "10"],
+    (["consume", "{root}", "nope", "--records", "10", "--create"],
      "topic 'nope' does not exist: give --record-size to create it and fill it"),
+    (["consume", "{root}", "typo", "--records", "10", "--record-size", "8"],
+     "topic 'typo' does not exist (topics: other, small); check the name, or add --create"),
+    (["produce", "{root}", "typo", "--records", "10", "--record-size", "8"],
+     "topic 'typo' does not exist (topics: other, small); check the name, or add --create"),
     (["consume", "{root}", "small", "--records", "11"],
      "topic 'small' holds 10 records, fewer than --records 11"),
     (["produce", "{root}", "other", "--records", "1", "--record-size", "1"],
      "topic 'other' has columns (key int64, ts int64, value string); pafka perf produce "
      "writes key int64 and value binary"),
-    (["produce", "{root}/missing", "p", "--records", "1", "--record-size", "1"], "no store at"),
+    (["produce", "{root}/missing", "p", "--records", "1", "--record-size", "1", "--create"],
+     "no store at"),
     (["produce", "{root}", "p", "--records", "100000", "--record-size", "65536",
-      "--batch-records", "50000"], "is 2 GiB or more in one append; lower --batch-records"),
+      "--batch-records", "50000", "--create"],
+     "is 2 GiB or more in one append; lower --batch-records"),
 ])
 def test_bad_input_is_one_line_naming_it(root, capsys, args, message):
     with Store.open(root) as s:

@@ -39,16 +39,19 @@ def add_commands(command: Any) -> None:
     """Add ``pafka perf`` with ``command(name, help)``."""
     c = command("perf", "measure appends (produce) or reads (consume) of a topic: records/s, "
                         "MB/s and latency percentiles, over several processes at once")
-    c.epilog = ("Example: pafka perf produce ROOT perf --records 1000000 --record-size 104 "
-                "--processes 2 --batch-records 10000. A record-size of 104 makes 116-byte "
+    c.epilog = ("Example: pafka perf produce ROOT perf --create --records 1000000 "
+                "--record-size 104 --processes 2 --batch-records 10000. A record-size of 104 "
+                "makes 116-byte "
                 "records, as bench/store_bench.py writes.")
     c.add_argument("mode", choices=("produce", "consume"),
                    help="produce: append records; consume: read them from the earliest offsets")
     c.add_argument("root", metavar="ROOT",
                    help="the store's root directory (or s3:// URL); it must exist")
     c.add_argument("topic", metavar="TOPIC",
-                   help="the topic; a missing one is created with a partition per "
-                        "process (consume fills it with --records records first)")
+                   help="the topic; a missing one is an error unless --create is given")
+    c.add_argument("--create", action="store_true",
+                   help="create the topic if it is missing, with a partition per process "
+                        "(consume fills it with --records records first)")
     c.add_argument("--records", type=whole(1, 10**12), required=True, metavar="N",
                    help="records each process appends or reads")
     c.add_argument("--record-size", type=whole(0, 16 << 20), metavar="B",
@@ -81,8 +84,8 @@ def perf_batch(records: int, record_size: int, seed: int = 0) -> pa.RecordBatch:
 
 
 def _prepare(store: Store, mode: str, topic: str, records: int, record_size: int | None,
-             processes: int, batch_records: int, progress: Any) -> bool:
-    """Check or create the topic; True if it was created."""
+             processes: int, batch_records: int, progress: Any, create: bool) -> bool:
+    """Check or create the topic (only with ``create``); True if it was created."""
     if mode == "produce" and record_size is None:
         raise InvalidArgument("pafka perf produce needs --record-size B (the bytes of each "
                               "record's value)")
@@ -93,6 +96,10 @@ def _prepare(store: Store, mode: str, topic: str, records: int, record_size: int
     try:
         t = store.topic(topic)
     except TopicNotFound:
+        if not create:  # a mistyped name must not become a topic
+            topics = ", ".join(store.topics()) or "(none)"
+            raise InvalidArgument(f"topic {topic!r} does not exist (topics: {topics}); check "
+                                  "the name, or add --create to make it") from None
         if record_size is None:
             raise InvalidArgument(f"topic {topic!r} does not exist: give --record-size to "
                                   "create it" + (" and fill it" if mode == "consume" else "")
@@ -133,14 +140,14 @@ def _figures(records: int, nbytes: int, seconds: float, lat: np.ndarray) -> dict
 
 def run_perf(root: str, mode: str, topic: str, records: int, record_size: int | None,
              throughput: float | None = None, processes: int = 1, batch_records: int = 10_000,
-             progress: Any = None) -> dict[str, Any]:
+             progress: Any = None, create: bool = False) -> dict[str, Any]:
     """Run the measurement (see the module's docstring). ``progress(phase, n)`` hears of
     each ``n`` records done; ``phase`` is "filling" (a new topic to consume) or ``mode``.
     Returns the figures per process and in total."""
     progress = progress or (lambda phase, n: None)
     store = open_store(root)
     created = _prepare(store, mode, topic, records, record_size, processes, batch_records,
-                       lambda n: progress("filling", n))
+                       lambda n: progress("filling", n), create)
     ctx = mp.get_context("spawn")  # no fork of a process holding locks and threads
     counters = ctx.Array("q", processes, lock=False)
     barrier = ctx.Barrier(processes + 1)
@@ -300,7 +307,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
         with logging_redirect_tqdm():
             report = run_perf(args.root, args.mode, args.topic, args.records,
                               args.record_size, args.throughput, args.processes,
-                              args.batch_records, progress)
+                              args.batch_records, progress, args.create)
     finally:
         for bar in bars.values():
             bar.close()
