@@ -159,12 +159,17 @@ class _Source:
                                convert_options=convert)
         header = reader.schema.names
         if not set(header) & set(self.schema.names):
-            # A file without a header line: its first record would be taken for one.
+            # A file without a header line: its first record would be taken for one. The
+            # reader's threads stop first: a process exiting under them aborts.
+            reader.close()
             raise InvalidArgument(
                 f"{self.name}: the first line ({', '.join(header)[:80]}) names no column of "
                 f"the topic; a CSV input starts with a header line naming its columns "
                 f"({','.join(self.schema.names)})")
-        yield from reader
+        try:
+            yield from reader
+        finally:
+            reader.close()  # also when the caller stops early (an error, Ctrl-C)
 
     def _json(self) -> Iterator[pa.RecordBatch]:
         import pyarrow.json as pjson
