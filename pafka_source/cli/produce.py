@@ -157,19 +157,17 @@ class _Source:
                                read_options=pcsv.ReadOptions(block_size=4 << 20),
                                parse_options=pcsv.ParseOptions(delimiter=delimiter),
                                convert_options=convert)
-        header = reader.schema.names
-        if not set(header) & set(self.schema.names):
-            # A file without a header line: its first record would be taken for one. The
-            # reader's threads stop first: a process exiting under them aborts.
-            reader.close()
-            raise InvalidArgument(
-                f"{self.name}: the first line ({', '.join(header)[:80]}) names no column of "
-                f"the topic; a CSV input starts with a header line naming its columns "
-                f"({','.join(self.schema.names)})")
-        try:
+        try:  # the reader's threads stop before leaving: a process exiting under them aborts
+            header = reader.schema.names
+            if not set(header) & set(self.schema.names):
+                # A file without a header line: its first record would be taken for one.
+                raise InvalidArgument(
+                    f"{self.name}: the first line ({', '.join(header)[:80]}) names no column "
+                    f"of the topic; a CSV input starts with a header line naming its columns "
+                    f"({','.join(self.schema.names)})")
             yield from reader
         finally:
-            reader.close()  # also when the caller stops early (an error, Ctrl-C)
+            reader.close()
 
     def _json(self) -> Iterator[pa.RecordBatch]:
         import pyarrow.json as pjson
