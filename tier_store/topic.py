@@ -41,7 +41,7 @@ from .reading import ReadPlan
 from .records import AppendResult, ChunkRef, SegmentInfo
 from .segment import HEADER_SIZE
 from .state import NO_TIME, TopicState
-from .stats import ChunkFilter, compute
+from .stats import STATS_MIN_ROWS, ChunkFilter, compute
 from .tables import as_table, check_valid, conform, loose_type, route, split_chunks, time_range
 from .topic_config import set_config
 from .topic_log import TopicLog, now_ms
@@ -191,8 +191,9 @@ class Topic(positions.GroupPositions):
         limit = self.store.config["log.segment.bytes"] - HEADER_SIZE
         stats = self.setting("log.chunk.statistics")
         return [self._append_chunk(p, piece, timestamp_column, durable,
-                                   None if stats == "none" else
-                                   compute(piece.batches, self.schema, routed, stats == "all"))
+                                   None if stats == "none" or piece.records < STATS_MIN_ROWS
+                                   else compute(piece.batches, self.schema, routed,
+                                                stats == "all"))
                 for p, part in groups for piece in split_chunks(part, compression, limit)]
 
     def sync(self) -> None:
