@@ -27,6 +27,20 @@ def make_batch(start: int, n: int, schema: pa.Schema = SCHEMA) -> pa.RecordBatch
                             pa.array([f"v{k}" for k in keys])], schema=schema)
 
 
+def settle() -> None:
+    """Wait for the work commits left to the maintenance thread (checkpoints, garbage)."""
+    from tier_store.maintenance import deferred
+    assert deferred.wait(timeout=120), "maintenance still running after 120 s"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test's checkpoints are written before its fixtures (S3 credentials, directories)
+    are taken down: none runs into the next test."""
+    yield
+    settle()
+
+
 @pytest.fixture
 def shm_dir():
     """A fresh directory on /dev/shm (RAM), removed afterwards."""

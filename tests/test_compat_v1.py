@@ -12,6 +12,8 @@ import pytest
 
 from tier_store import Store
 
+from .conftest import settle
+
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "store_v1.tar.gz")
 
 
@@ -67,6 +69,7 @@ def test_a_format_1_store_takes_commits_and_writes_current_checkpoints(old_store
     for i in range(25):  # past two checkpoints (every 10 versions)
         topic.commit(topic.write_chunks(_batch(20000 + 10 * i, 10), partition=i % 3),
                      writer_id="w3", batch_id=i)
+    settle()  # the checkpoints are written after the commits return
     log_dir = os.path.join(old_store, "t", "_log")
     cp = topic.checkpointed_version
     with open(os.path.join(log_dir, f"{cp:020d}.checkpoint"), "rb") as f:

@@ -15,6 +15,8 @@ import pytest
 from tier_store import Store, chunk_index
 from tier_store.commit_log import checkpoint_body
 
+from .conftest import settle
+
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "store_v2.tar.gz")
 
 
@@ -68,6 +70,7 @@ def test_a_format_2_store_takes_commits_and_names_sealed_segments_by_lists(
     for i in range(25):  # past two checkpoints (every 10 versions)
         topic.commit(topic.write_chunks(_batch(5000 + 10 * i, 10), partition=i % 3),
                      writer_id="w3", batch_id=i)
+    settle()  # the checkpoints are written after the commits return
     log_dir = os.path.join(old_store, "t", "_log")
     meta = _meta(log_dir, topic.checkpointed_version)
     assert meta["format"] == 3

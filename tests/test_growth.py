@@ -14,7 +14,7 @@ from hypothesis import strategies as hst
 from tier_store import Store
 from tier_store.maintenance import retention
 
-from .conftest import make_batch
+from .conftest import ROOT, make_batch, settle
 
 
 @pytest.fixture
@@ -201,6 +201,7 @@ def test_opening_a_topic_and_committing_never_loads_the_checkpoints_chunk_rows(t
     topic = store.create_topic("t", make_batch(0, 1).schema, partitions=4)
     for i in range(200 + after):  # a checkpoint at 200, then ``after`` entries
         topic.append(make_batch(i, 1), partition=i % 4)
+    settle()
     assert topic.checkpointed_version == 200
     before = ChunkIndex.loads
     fresh = Store.open(str(tmp_path / "store")).topic("t")
@@ -279,6 +280,55 @@ def test_cleanup_deletes_known_ranges_without_listing_the_log(tmp_path, monkeypa
     assert len([n for n in os.listdir(log_dir) if n[0].isdigit()]) <= 2 * 10 + 4
     assert listed == []
     assert sum(other.latest_offsets().values()) == 1100
+
+
+def test_a_commit_due_for_a_checkpoint_returns_before_the_checkpoint_is_written(
+        tmp_path, monkeypatch):
+    # Writing, syncing and cleaning up behind a checkpoint is I/O that grows with the state:
+    # the commit leaves it to the maintenance thread, and close waits for it.
+    import threading
+
+    from tier_store.logstore.posix import PosixLogStore
+    release, writers = threading.Event(), []
+    real = PosixLogStore.write_checkpoint
+
+    def held(self, version, data):
+        writers.append(threading.current_thread())
+        assert release.wait(60)
+        return real(self, version, data)
+    monkeypatch.setattr(PosixLogStore, "write_checkpoint", held)
+    root = str(tmp_path / "store")
+    store = _store(tmp_path, **{"log.checkpoint.interval": 10})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
+    for i in range(25):  # 10 is held; 20 finds it pending and skips; the rest commit on
+        topic.append(make_batch(i, 1))
+    assert topic.version == 25 and topic.checkpointed_version == 0
+    assert len(writers) == 1 and writers[0] is not threading.current_thread()
+    closing = threading.Thread(target=store.close)
+    closing.start()
+    closing.join(0.5)
+    assert closing.is_alive()  # close waits for the checkpoint under way
+    release.set()
+    closing.join(60)
+    assert not closing.is_alive() and topic.checkpointed_version == 10
+    again = Store.open(root).topic("t")
+    assert again.log.commit_log.last_checkpoint() == 10 and again.version == 25
+
+
+def test_a_process_that_commits_and_exits_at_once_leaves_its_checkpoint(tmp_path):
+    import subprocess
+    import sys
+    root = str(tmp_path / "store")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[2])\n"
+        "from tier_store import Store\n"
+        "from tests.conftest import make_batch\n"
+        "t = Store.open(sys.argv[1], {'log.checkpoint.interval': 10}).create_topic(\n"
+        "    't', make_batch(0, 1).schema)\n"
+        "for i in range(10):\n"
+        "    t.append(make_batch(i, 1))\n")  # no close: the interpreter's exit waits
+    subprocess.run([sys.executable, "-c", script, root, ROOT], check=True, cwd=ROOT)
+    assert Store.open(root).topic("t").log.commit_log.last_checkpoint() == 10
 
 
 def test_cleanup_looks_up_no_name_that_is_not_there(tmp_path, monkeypatch):

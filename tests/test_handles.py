@@ -79,6 +79,9 @@ def test_handles_dropped_without_close_release_descriptors_mappings_and_locks(
         tier, tmp_path, shm_dir):
     config = {"log.segment.bytes": "64k"} if tier == "file" else \
         pmem_hdd_config(shm_dir, **{"storage.tiers.first.sizes": "4m"})
+    # A checkpoint every other commit: the warm-up starts the maintenance thread that writes
+    # them (a thread the process starts once), and dropped handles meet pending checkpoints.
+    config["log.checkpoint.interval"] = 2
     env = dict(os.environ)
     if tier == "pmem-forced":  # libpmem's PMem path: the writer holds a mapping, no fd
         env["PMEM_IS_PMEM_FORCE"] = "1"

@@ -14,7 +14,7 @@ from tier_store import chunk_index as chunk_index_module
 from tier_store.commit_log import checkpoint_body
 from tier_store.index_pieces import IndexPieces
 
-from .conftest import make_batch
+from .conftest import make_batch, settle
 
 
 @pytest.fixture
@@ -24,6 +24,7 @@ def small_pieces(monkeypatch):
 
 def _checkpoint(log_dir: str, version: int) -> tuple[int, dict]:
     import pyarrow as pa
+    settle()  # checkpoints are written after the commit returns
     with open(os.path.join(log_dir, f"{version:020d}.checkpoint"), "rb") as f:
         data = f.read()
     table = pa.ipc.open_file(checkpoint_body(data)).read_all()
@@ -46,6 +47,7 @@ def test_checkpoints_stay_the_same_size_however_many_commits_came_before(tmp_pat
         topic.append(make_batch(i, 1), partition=i % 8)
         v = topic.version
         if v % 40 == 0:
+            settle()
             sizes[v], meta = _checkpoint(log_dir, v)
             assert sum(meta["chunk_counts"]) < 8 * 32  # at most a piece's rows per segment
     first, last = sizes[400], sizes[2400]
@@ -118,6 +120,7 @@ def test_a_damaged_piece_is_corrupt_log_naming_its_file(tmp_path, small_pieces):
     topic = store.create_topic("t", make_batch(0, 1).schema, partitions=1)
     for i in range(100):
         topic.append(make_batch(i, 1))
+    settle()  # the checkpoint at 100 names every piece
     index = os.path.join(root, "t", "_log", "_index")
     [folder] = os.listdir(index)
     name = sorted(os.listdir(os.path.join(index, folder)))[0]
@@ -156,6 +159,7 @@ def test_a_checkpoint_whose_piece_fails_changes_nothing_and_the_next_one_is_writ
     monkeypatch.setattr(PosixLogStore, "put_piece", flaky)
     for i in range(160):  # the checkpoint at 80 fails on its second piece; 160 is written
         topic.append(make_batch(i, 1))
+    settle()
     assert len(calls) > 2 and topic.checkpointed_version == 160
     _, meta = _checkpoint(os.path.join(root, "t", "_log"), 160)
     [seg] = meta["segments"]
@@ -246,6 +250,7 @@ def test_checkpoint_bytes_grow_by_segments_not_by_pieces(tmp_path, small_pieces)
     for i in range(6000):
         topic.append(make_batch(i, 1))
         if topic.version % 1000 == 0:
+            settle()
             sizes[topic.version], meta = _checkpoint(log_dir, topic.version)
             refs = sum(len(s["pieces"]) for s in meta["segments"])
             assert refs <= len(meta["segments"]) + 6000 // 32 // len(meta["segments"]) + 2

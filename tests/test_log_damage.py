@@ -32,7 +32,7 @@ import pytest
 
 from tier_store import ConfigError, CorruptLog, PafkaError, Store
 
-from .conftest import PYTHON, SCHEMA, make_batch
+from .conftest import PYTHON, SCHEMA, make_batch, settle
 
 RECORDS, PER = 300, 50
 NEWEST, CHECKPOINT = 6, 4
@@ -58,6 +58,7 @@ def build_template(root: str, config: dict[str, Any] | None = None) -> None:
         t = s.create_topic(name, SCHEMA, partitions=1)
         for i in range(RECORDS // PER):
             t.append(make_batch(i * PER, PER), partition=0)
+        settle()
         assert t.version == NEWEST and t.checkpointed_version == CHECKPOINT
     s.close()
 

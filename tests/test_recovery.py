@@ -13,7 +13,7 @@ import pytest
 from tier_store import Store, StoreUnavailable, check_topic
 from tier_store.layout import log_dir
 
-from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all
+from .conftest import PYTHON, ROOT, SCHEMA, make_batch, read_all, settle
 from .support import log_versions
 from .support import record_fsyncs as _record_fsyncs
 
@@ -58,7 +58,7 @@ def test_check_reports_a_missing_segment_file(store_root):
 # -- the checkpoint pointer -----------------------------------------------------------------
 
 _STALLED_COMMITTER = """
-import os, signal, sys
+import os, signal, sys, threading
 import tier_store.commit_log as commit_log
 from tier_store import Store
 from tests.conftest import make_batch
@@ -67,9 +67,11 @@ real = commit_log.crash_point
 
 
 def stall(name):
-    # Stop here, between linking the checkpoint and moving the pointer, until SIGCONT.
+    # Stop here, between linking the checkpoint and moving the pointer, until SIGCONT. The
+    # checkpoint is written on a thread of its own: the stop is sent to it, as a signal to
+    # the process would let it run on until another thread took the stop.
     if name == "checkpoint.pointer":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     real(name)
 
 
@@ -113,6 +115,7 @@ def test_a_stalled_committer_never_moves_the_checkpoint_pointer_back(store_root)
         # deletes checkpoint 2 with the entries before it.
         for i in range(4):
             t.append(make_batch(20 + i * 10, 10), partition=0)
+            settle()
         assert 2 not in log_versions(t)[1]
     finally:
         os.kill(child.pid, signal.SIGCONT)
@@ -130,6 +133,7 @@ def test_a_pointer_naming_a_deleted_checkpoint_falls_back_to_the_newest_present(
     stale = Store.open(root).topic("t")  # a handle at version 0, left behind by cleanup
     for i in range(7):
         t.append(make_batch(i * 10, 10), partition=0)
+        settle()
     assert log_versions(t)[1] == [4, 6]
     _point_hint_at(t, 2)  # as an older release's stalled committer could leave it
     again = Store.open(root).topic("t")
@@ -301,6 +305,7 @@ def test_a_gateway_stopped_at_a_step_of_a_commit(s3_own_server, s3_own_root, tmp
     else:
         with caplog.at_level(logging.WARNING):
             assert sum(r.records for r in topic.commit(refs)) == 100  # version 4
+            settle()  # the checkpoint is written after the commit returns
         if point == "checkpoint.write":
             assert "writing the checkpoint at version 4" in caplog.text
             assert "StoreUnavailable" in caplog.text

@@ -24,7 +24,7 @@ import pytest
 
 from tier_store import CorruptLog, CorruptState, Store
 
-from .conftest import PYTHON, SCHEMA, make_batch, read_all
+from .conftest import PYTHON, SCHEMA, make_batch, read_all, settle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_TIMEOUT_S = 60
@@ -132,6 +132,7 @@ def build_template(root: str) -> None:
             b = make_batch(i * PER, PER)
             # 10 KB of values: two appends do not fit a segment, so each one rolls.
             t.append(b.set_column(2, "value", pa.array(["x" * 200] * PER)), partition=0)
+        settle()
         assert t.version == NEWEST and t.checkpointed_version == CHECKPOINT
         assert t.active_segment(0)[0] == RECORDS // PER - 1
 

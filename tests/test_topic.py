@@ -20,7 +20,7 @@ from tier_store import (
 )
 from tier_store.layout import log_dir
 
-from .conftest import SCHEMA, make_batch, read_all
+from .conftest import SCHEMA, make_batch, read_all, settle
 from .support import log_versions, pmem_hdd_config, root_listing
 from .support import record_fsyncs as _record_fsyncs
 
@@ -476,6 +476,7 @@ def test_ten_thousand_small_appends_make_segments_by_size_and_a_bounded_log(tmp_
     t = s.create_topic("t", SCHEMA)
     for i in range(10_000):
         t.append(make_batch(i * 100, 100))
+    settle()
     segs = t.segments()
     total = sum(x.bytes for x in segs)
     assert len(segs) <= total // (1024 * 1024 - 4096) + 2

@@ -38,6 +38,7 @@ import logging
 import struct
 import time
 
+import numpy as np
 import pyarrow as pa
 import xxhash
 
@@ -46,7 +47,7 @@ from .entries import CreateEntry, Entry, decode
 from .errors import CorruptLog, TopicNotFound
 from .index_pieces import PiecesGone
 from .logstore import LogStore, PosixLogStore
-from .state import TopicState
+from .state import TopicState, checkpoint_table
 
 log = logging.getLogger(__name__)
 
@@ -275,22 +276,36 @@ class CommitLog:
     # -- checkpoints and cleanup ----------------------------------------------------------
     def write_checkpoint(self, state: TopicState, grace_ms: int, interval: int = 0) -> None:
         """Write ``state`` as a checkpoint, point ``_last_checkpoint`` at it, clean up."""
+        parts = self.checkpoint_parts(state)
+        if parts is not None:
+            self.finish_checkpoint(*parts, grace_ms, interval)
+
+    def checkpoint_parts(self, state: TopicState) -> tuple[int, np.ndarray, bytes] | None:
+        """The first step of :meth:`write_checkpoint`, the one that reads ``state`` (so under
+        its handle's lock): its index pieces written, its version, loose rows and metadata.
+        None if a checkpoint at or past its version is there already."""
         previous = self.last_checkpoint()
         if previous is not None and previous >= state.version:
-            return
+            return None
         state.index.store = self.store
-        table = state.to_checkpoint(put=state.index.put)
+        return (state.version, *state.checkpoint_parts(put=state.index.put))
+
+    def finish_checkpoint(self, version: int, rows: np.ndarray, meta: bytes, grace_ms: int,
+                          interval: int = 0) -> None:
+        """The rest of :meth:`write_checkpoint`, from :meth:`checkpoint_parts`: it reads no
+        state, so it runs outside the handle's lock (a commit does not wait for it)."""
+        table = checkpoint_table(rows, meta)
         crash_point("checkpoint.pieces")
-        self.store.write_checkpoint(state.version, encode_checkpoint(table, state.version))
+        self.store.write_checkpoint(version, encode_checkpoint(table, version))
         crash_point("checkpoint.pointer")
         # Others may have written newer checkpoints meanwhile, and cleaned up behind them
         # (ours included): the store never moves the pointer back.
-        previous = self.store.advance_checkpoint_hint(state.version)
-        if previous is not None and previous >= state.version:
+        previous = self.store.advance_checkpoint_hint(version)
+        if previous is not None and previous >= version:
             log.debug("topic %s: checkpoint %d is already superseded by %d", self.topic,
-                      state.version, previous)
+                      version, previous)
             return
-        log.debug("topic %s: checkpoint at version %d", self.topic, state.version)
+        log.debug("topic %s: checkpoint at version %d", self.topic, version)
         if previous is not None:
             self.cleanup(previous, grace_ms, interval)
 

@@ -279,6 +279,13 @@ class TopicState:
         schema metadata. With ``put`` (which stores a piece, see
         :mod:`tier_store.index_pieces`), full blocks of rows and the rows of sealed segments
         are cut into pieces first, and the checkpoint names them."""
+        return checkpoint_table(*self.checkpoint_parts(put))
+
+    def checkpoint_parts(self, put: Callable[[str, pa.Table], str] | None = None
+                         ) -> tuple[np.ndarray, bytes]:
+        """What :meth:`to_checkpoint` holds, apart from the state: a copy of the loose rows
+        and the metadata's JSON. Under the handle's lock this is the one step that must be;
+        :func:`checkpoint_table` makes the table from them after."""
         if put is not None:
             for part in self.parts:
                 live = _live_segments(part)
@@ -308,9 +315,8 @@ class TopicState:
             "tombstones": self.tombstones,
             "chunk_counts": [len(x) for x in loose],
         }
-        rows = np.concatenate(loose) if loose else np.empty(0, CHUNK_DTYPE)
-        table = rows_table(rows)
-        return table.replace_schema_metadata({b"pafka.state": json.dumps(meta).encode()})
+        rows = np.concatenate(loose) if loose else np.empty(0, CHUNK_DTYPE)  # a copy
+        return rows, json.dumps(meta).encode()
 
     @classmethod
     def from_checkpoint(cls, table: pa.Table, where: str, version: int | None = None,
@@ -355,6 +361,11 @@ class TopicState:
                 RecursionError) as e:
             raise CorruptLog(f"checkpoint {where} is malformed: {e}") from None
         return st
+
+
+def checkpoint_table(rows: np.ndarray, meta: bytes) -> pa.Table:
+    """A checkpoint's table from :meth:`TopicState.checkpoint_parts`."""
+    return rows_table(rows).replace_schema_metadata({b"pafka.state": meta})
 
 
 def _live_segments(part: PartitionState) -> set[int]:

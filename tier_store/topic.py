@@ -35,7 +35,7 @@ from .evolve import evolve
 from .flusher import Flusher
 from .follow import follow
 from .layout import fsync_dir
-from .maintenance import retention
+from .maintenance import deferred, retention
 from .partition import PartitionLog
 from .reading import ReadPlan
 from .records import AppendResult, ChunkRef, SegmentInfo
@@ -345,6 +345,7 @@ class Topic(positions.GroupPositions):
     def close(self) -> None:
         """Flush and release every segment writer this handle holds, and its log."""
         self.sync()
+        deferred.wait(self.log)  # a checkpoint under way finishes first
         _close_writers(self._parts, self._parts_lock)
         self._flusher.shutdown()
         self.log.close()

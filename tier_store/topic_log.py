@@ -91,11 +91,23 @@ class TopicLog:
     def write_checkpoint(self, grace_ms: int, interval: int = 0) -> int:
         """Write a checkpoint of the state as it is; returns its version. Checkpoints are
         mostly at multiples of ``interval`` (see :meth:`LogStore.expired`)."""
+        finish = self.start_checkpoint(grace_ms, interval)
+        return finish()
+
+    def start_checkpoint(self, grace_ms: int, interval: int = 0) -> Callable[[], int]:
+        """Take what a checkpoint of the state as it is needs, under the lock (its index
+        pieces are written now); returns the rest, which writes it outside the lock and
+        returns its version."""
         with self.lock:
-            st = self._state
-            self.commit_log.write_checkpoint(st, grace_ms, interval)
-            self._known_checkpoint = st.version
-            return st.version
+            version = self._state.version
+            parts = self.commit_log.checkpoint_parts(self._state)
+
+        def finish() -> int:
+            if parts is not None:
+                self.commit_log.finish_checkpoint(*parts, grace_ms, interval)
+            self._known_checkpoint = max(self._known_checkpoint, version)
+            return version
+        return finish
 
     def committed_extent(self, partition: int, seq: int, tier: int) -> int:
         """Where the last chunk the log has committed to segment ``seq`` of ``partition`` on

@@ -5,9 +5,9 @@ What it does: :func:`after_commit`, called by the store
 visible, under the committing handle's lock:
 
 1. Every ``log.checkpoint.interval`` versions (or when the last checkpoint this handle
-   wrote is ``2 * log.checkpoint.interval`` versions old), write a checkpoint of the state
-   (:meth:`~tier_store.topic.Topic.write_checkpoint`), then collect garbage
-   (:mod:`.garbage`).
+   wrote is ``2 * log.checkpoint.interval`` versions old), take what a checkpoint of the
+   state needs, and leave writing it, then collecting garbage (:mod:`.garbage`), to the
+   maintenance thread (:mod:`.deferred`): the commit does not wait for that I/O.
 2. Apply retention (:mod:`.retention`) and collect dropped segments' index pieces
    (:mod:`.pieces`), at most every ``log.retention.check.interval.ms`` per host.
 3. On a store shared by many hosts, reclaim the topic's bundles no committed chunk names
@@ -30,8 +30,10 @@ versions on); garbage and retention run again too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import deferred
 from .bundles import reclaim_due
 from .garbage import collect_garbage
 from .pieces import collect_pieces
@@ -48,15 +50,15 @@ def after_commit(topic: Topic) -> None:
     bundles. Failures are logged, never raised (see the module docstring)."""
     version = topic.state(refresh=False).version
     interval = topic.setting("log.checkpoint.interval")
-    if version % interval == 0 or version - topic.checkpointed_version >= 2 * interval:
+    if (version % interval == 0 or version - topic.checkpointed_version >= 2 * interval) \
+            and not deferred.pending(topic.log):
         try:
-            topic.write_checkpoint()
+            finish = topic.log.start_checkpoint(topic.setting("log.cleanup.grace.ms"),
+                                                interval)
         except Exception as e:
             _failed(topic, version, f"writing the checkpoint at version {version}", e)
-        try:
-            collect_garbage(topic)
-        except Exception as e:
-            _failed(topic, version, "collecting garbage", e)
+        else:
+            deferred.submit(topic.log, lambda: _checkpoint_rest(topic, version, finish))
     try:
         if retention_due(topic):
             apply_retention(topic)
@@ -67,6 +69,18 @@ def after_commit(topic: Topic) -> None:
         reclaim_due(topic)
     except Exception as e:
         _failed(topic, version, "reclaiming bundles", e)
+
+
+def _checkpoint_rest(topic: Topic, version: int, finish: Callable[[], int]) -> None:
+    """On the maintenance thread: write the checkpoint, then collect garbage."""
+    try:
+        finish()
+    except Exception as e:
+        _failed(topic, version, f"writing the checkpoint at version {version}", e)
+    try:
+        collect_garbage(topic)
+    except Exception as e:
+        _failed(topic, version, "collecting garbage", e)
 
 
 def _failed(topic: Topic, version: int, what: str, e: Exception) -> None:
