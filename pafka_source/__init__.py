@@ -7,9 +7,36 @@ PySpark: Spark parts are imported when used.
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+
+log = logging.getLogger(__name__)
+_warned = False
+
+
+def _check_worker_python() -> None:
+    """Warn when Spark's Python workers would run another interpreter than this one.
+
+    Spark starts them as ``PYSPARK_PYTHON``, else ``python3`` from ``PATH``. If that one lacks
+    pyspark and pafka, ``format("pafka")`` fails with ``DATA_SOURCE_NOT_FOUND``, which names
+    neither cause; this says which Python runs and what to set."""
+    global _warned
+    if _warned or os.environ.get("PYSPARK_PYTHON"):
+        return
+    found = shutil.which("python3")
+    if found is not None and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return
+    log.warning("PYSPARK_PYTHON is not set, so Spark's Python workers run %s, not this Python "
+                "(%s). If it lacks pyspark and pafka, format('pafka') fails with "
+                "DATA_SOURCE_NOT_FOUND. Set PYSPARK_PYTHON=%s before the SparkSession starts.",
+                found or "python3 (not on PATH)", sys.executable, sys.executable)
+    _warned = True
+
 
 #: Spark settings for jobs that write with pafka, for ``SparkSession.builder.config(map=...)``
 #: or ``spark-submit --conf``. With ``spark.sql.execution.arrow.maxBytesPerBatch`` at its
@@ -25,9 +52,18 @@ __version__ = "0.1.0"
 #: ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` shows a failing read or write as
 #: its error alone (two lines: pafka's errors name what is wrong), not under 8 to 17 lines of
 #: Python traceback. It applies to the session's Python UDFs too; unset it to debug one.
-SPARK_CONF: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
-                              "spark.sql.python.filterPushdown.enabled": "true",
-                              "spark.sql.execution.pyspark.udf.hideTraceback.enabled": "true"}
+_SPARK_CONF: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+                               "spark.sql.python.filterPushdown.enabled": "true",
+                               "spark.sql.execution.pyspark.udf.hideTraceback.enabled": "true"}
+
+
+def __getattr__(name: str) -> Any:
+    # SPARK_CONF is read where a session is about to start: the moment to check which Python
+    # its workers will run (the command line, which imports this package, never reads it).
+    if name == "SPARK_CONF":
+        _check_worker_python()
+        return dict(_SPARK_CONF)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(spark: Any) -> None:

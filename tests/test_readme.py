@@ -62,7 +62,9 @@ def examples() -> list[Example]:
 def _env(tmp: Path) -> dict[str, str]:
     """The caller's environment without anything that could point Python at the repository;
     ``tempfile.mkdtemp()`` in an example makes its directory under ``tmp``."""
-    return {**isolated_env(sys.executable), "TMPDIR": str(tmp)}
+    env = {**isolated_env(sys.executable), "TMPDIR": str(tmp)}
+    del env["PYSPARK_PYTHON"]  # as a user runs them: an example sets what it needs
+    return env
 
 
 def _run(example: Example, cwd: Path) -> None:

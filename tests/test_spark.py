@@ -19,6 +19,36 @@ def _keys(spark, root, topic):
     return sorted(r[0] for r in df.select("key").collect())
 
 
+@pytest.mark.parametrize("workers", ["python3 elsewhere", "python3 is this one", "set"])
+def test_reading_spark_conf_names_the_python_sparks_workers_would_run(tmp_path, workers):
+    # With no PYSPARK_PYTHON, Spark's workers run python3 from PATH: one without pyspark and
+    # pafka fails format("pafka") with DATA_SOURCE_NOT_FOUND, which names neither cause.
+    import subprocess
+    import sys
+
+    from .support import isolated_env
+    env = isolated_env(sys.executable)
+    del env["PYSPARK_PYTHON"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if workers == "python3 is this one":
+        (bindir / "python3").symlink_to(sys.executable)
+    if workers == "set":
+        env["PYSPARK_PYTHON"] = sys.executable
+    env["PATH"] = str(bindir)
+    code = ("import pafka_source, logging; logging.basicConfig(); import pafka_source.cli; "
+            "print('cli imported'); c = pafka_source.SPARK_CONF; c = pafka_source.SPARK_CONF")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "cli imported" in out.stdout, out.stderr
+    if workers == "python3 elsewhere":
+        assert out.stderr.count("PYSPARK_PYTHON is not set") == 1, out.stderr  # once
+        assert "DATA_SOURCE_NOT_FOUND" in out.stderr and \
+            f"Set PYSPARK_PYTHON={sys.executable}" in out.stderr, out.stderr
+    else:
+        assert "PYSPARK_PYTHON" not in out.stderr, out.stderr
+
+
 def test_format_is_discovered_without_registration_and_register_works_too(spark, tmp_path):
     _fill(tmp_path, "t", 10)
     assert spark.read.format("pafka").option("topic", "t").load(str(tmp_path)).count() == 10
