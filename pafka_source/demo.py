@@ -237,8 +237,11 @@ def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: 
     # Query 1: a generated click stream into topic "clicks", partitioned by user: a fixed
     # number of clicks per one-second trigger (a "rate" source would catch up on the time
     # Spark took to start with one huge first batch).
+    # The burst is exactly ``total`` clicks: later batches of the source are left empty.
+    total = max(1, round(rows_per_second * seconds))
     clicks = (spark.readStream.format("rate-micro-batch")
               .option("rowsPerBatch", rows_per_second).load()
+              .where(F.col("value") < total)
               .select((F.col("value") % 1000).alias("user"),
                       F.concat(F.lit("/page/"), (F.col("value") % 37).cast("string")).alias("url"),
                       F.col("timestamp").alias("ts"),
@@ -270,16 +273,19 @@ def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: 
             f"{_size(u[2]['used']):>9s}  {service.stats.segments_down:>4} down "
             f"{service.stats.segments_up:>3} up  {_lag(topic, group):>9,}")
 
-    say(f"1. A burst: query 1 writes {rows_per_second:,} clicks/s for {seconds:g} s into "
-        "topic 'clicks' (4 partitions, by user); query 2 reads them as they come.")
+    say(f"1. A burst: query 1 writes {total:,} clicks, {rows_per_second:,} per one-second "
+        "trigger, into topic 'clicks' (4 partitions, by user); query 2 reads them as they "
+        "come.")
     say("      time     written            tier 1        tier 2     migrated        lag")
     while not sum(topic.refresh().latest_offsets().values()):  # Spark's first batch
         if not producer.isActive:
             raise InvalidArgument(f"query 1 stopped before writing: {producer.exception()}")
         time.sleep(0.1)
     start = time.monotonic()
-    while time.monotonic() - start < seconds:
-        time.sleep(min(2.0, max(0.0, seconds - (time.monotonic() - start))))
+    deadline = start + 10 * seconds + TOPIC_TIMEOUT_S  # a loaded machine runs batches late
+    while sum(topic.refresh().latest_offsets().values()) < total and producer.isActive \
+            and time.monotonic() < deadline:
+        time.sleep(2.0)
         line(f"{time.monotonic() - start:.0f} s")
     _stop_between_batches(producer)
     written = sum(topic.refresh().latest_offsets().values())
@@ -307,7 +313,8 @@ def _queries(spark: Any, root: str, fast: str, seconds: float, rows_per_second: 
     after = _tiers(store)
     segs = topic.segments()
     return {
-        "root": root, "tier1": fast, "written": written, "counted": counted,
+        "root": root, "tier1": fast, "announced": total, "written": written,
+        "counted": counted,
         "group": group, "lag": _lag(topic, group), "positions": topic.positions(),
         "latest_offsets": topic.latest_offsets(),
         "moved_down": service.stats.segments_down, "moved_up": service.stats.segments_up,

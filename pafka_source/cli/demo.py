@@ -11,8 +11,10 @@ from . import output as out
 
 
 def demo_ok(s: dict[str, Any]) -> bool:
-    """Whether the demo's facts hold: every click counted, no lag, the freshness order."""
-    return s["counted"] == s["written"] > 0 and s["lag"] == 0 and not s["order_violations"]
+    """Whether the demo's facts hold: every click announced written and counted, no lag,
+    the freshness order."""
+    return s["counted"] == s["written"] == s["announced"] > 0 and s["lag"] == 0 and \
+        not s["order_violations"]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

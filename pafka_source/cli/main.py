@@ -55,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = command("demo", "stream clicks into a topic with Spark and aggregate them with a second "
                         "query, on ./pafka-data (a store of its own, made afresh)")
     d.add_argument("--seconds", type=seconds, default=10.0,
-                   help="how long the producer's burst lasts (default 10)")
+                   help="seconds of clicks in the burst: it writes rate × seconds clicks, "
+                        "one trigger a second (default 10)")
     d.add_argument("--rate", type=whole(1), default=60_000,
-                   help="clicks per second the producer writes (default 60000)")
+                   help="clicks the producer writes per one-second trigger (default 60000)")
     d.add_argument("--json", action="store_true", help="print the demo's facts as JSON")
     d.set_defaults(func=cmd_demo)
     t = command("topics", "list the topics of a store")

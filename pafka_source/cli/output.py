@@ -309,8 +309,9 @@ def render_demo(s: dict[str, Any]) -> list[str]:
 
     lines = [
         "3. What happened",
-        f"  query 1 wrote {s['written']:,} clicks; query 2 counted {s['counted']:,}: "
-        f"{check(s['written'] == s['counted'] > 0)}",
+        f"  query 1 wrote {s['written']:,} clicks of the {s['announced']:,} announced; "
+        f"query 2 counted {s['counted']:,}: "
+        f"{check(s['announced'] == s['written'] == s['counted'] > 0)}",
         f"  consumer group {s['group']!r}: committed "
         f"{json.dumps({str(k): v for k, v in s['positions'].get(s['group'], {}).items()})}, "
         f"lag {s['lag']:,}: {check(s['lag'] == 0)}",
