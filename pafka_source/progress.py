@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 LAG_KEY = "_lag"  # the key of the reader's lag report in a source's latestOffset
 HISTORY = 10_000  # samples kept per tracker: the oldest go first
+FLUSH_TIMEOUT_S = 10.0  # how long history() waits for Spark to deliver posted events
 
 
 @dataclass(frozen=True)
@@ -229,15 +230,32 @@ class LagTracker:
                 return None  # deleted since: never create a store to measure it
         return store
 
-    def history(self, query: str | None = None) -> list[LagSample]:
-        """The samples, oldest first; of one query (its id or name) when given."""
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until Spark has delivered every progress event posted so far (a query's last
+        one arrives after ``awaitTermination`` returns); False if it could not tell."""
+        try:
+            bus = self._spark.sparkContext._jsc.sc().listenerBus()
+            bus.waitUntilEmpty(int(timeout_s * 1000))
+            return True
+        except Exception as e:  # Py4J errors: Spark Connect, a stopped session, a timeout
+            log.debug("progress events not flushed: %s", e)
+            return False
+
+    def history(self, query: str | None = None, flush: bool = True) -> list[LagSample]:
+        """The samples, oldest first; of one query (its id or name) when given. With
+        ``flush``, the progress events Spark posted before the call are delivered first
+        (:meth:`flush`); a listener of your own must pass ``flush=False``, as Spark calls
+        listeners one at a time."""
+        if flush:
+            self.flush()
         with self._lock:
             return [s for s in self._history
                     if query is None or query in (s.query_id, s.query_name)]
 
-    def latest(self, query: str | None = None) -> LagSample | None:
-        """The newest sample (of one query, by id or name, when given), or None."""
-        found = self.history(query)
+    def latest(self, query: str | None = None, flush: bool = True) -> LagSample | None:
+        """The newest sample (of one query, by id or name, when given), or None; ``flush``
+        as in :meth:`history`."""
+        found = self.history(query, flush)
         return found[-1] if found else None
 
 
