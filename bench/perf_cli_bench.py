@@ -63,9 +63,8 @@ def bench_tier(kind: str, n: int, batch: int, processes: list[int], base: str) -
         try:
             Store.open(root, store_bench.store_conf(kind, fast, n * store_bench.RECORD_BYTES)
                        ).close()
-            per = n // k
-            produce = pafka_perf("produce", root, per, batch, k)
-            consume = pafka_perf("consume", root, per, batch, k)
+            produce = pafka_perf("produce", root, n, batch, k)  # n in all, as Kafka's
+            consume = pafka_perf("consume", root, n, batch, k)
             out["perf"][k] = {"produce": produce["total"], "consume": consume["total"]}
             print(f"  {kind}, {k} process(es): produce {produce['total']['records_per_s']:,.0f}"
                   f" rec/s, consume {consume['total']['records_per_s']:,.0f} rec/s", flush=True)

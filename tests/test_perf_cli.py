@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pafka_source.cli import main
 from tier_store import Store
@@ -33,43 +36,75 @@ def perf(cwd, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def check_figures(r: dict, processes: int, records: int, record_bytes: int) -> None:
+    """``records`` in all, shared by the processes (Kafka's --num-records)."""
     assert len(r["per_process"]) == processes
     for x in [*r["per_process"], r["total"]]:
         lat = x["latency_ms"]
-        assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
+        assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+        assert 0 < lat["avg"] <= lat["max"]
         assert x["records_per_s"] == pytest.approx(x["records"] / x["seconds"])
         assert x["mb_per_s"] == pytest.approx(x["bytes"] / x["seconds"] / 1e6)
         assert x["bytes"] == x["records"] * record_bytes
-    assert [x["records"] for x in r["per_process"]] == [records] * processes
-    assert r["total"]["records"] == records * processes
+    assert sum(x["records"] for x in r["per_process"]) == r["total"]["records"] == records
+    assert max(x["records"] for x in r["per_process"]) - \
+        min(x["records"] for x in r["per_process"]) <= 1
     assert r["total"]["batches"] == sum(x["batches"] for x in r["per_process"])
 
 
 def test_produce_then_consume_in_two_processes(root, tmp_path):
-    r = perf(tmp_path, "produce", root, "p", "--records", "5000", "--record-size", "104",
+    r = perf(tmp_path, "produce", root, "p", "--records", "10000", "--record-size", "104",
              "--processes", "2", "--batch-records", "1000", "--json", "--create")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     # 116 bytes a record in Arrow: 8 of key, 104 of value, a 4-byte offset.
-    check_figures(rep, 2, 5000, 116)
+    check_figures(rep, 2, 10000, 116)
     assert rep["created_topic"] and rep["per_process"][0]["batches"] == 5
     t = Store.open(root).topic("p")
     assert t.partitions == 2 and t.latest_offsets() == {0: 5000, 1: 5000}
-    # Each reader reads 8000 of the 10,000 records, 3000 at a time.
+    # The readers share 8000 of the 10,000 records, a partition each (as a consumer group
+    # deals them out), 3000 at a time: no record is read twice.
     r = perf(tmp_path, "consume", root, "p", "--records", "8000", "--processes", "2",
              "--batch-records", "3000", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     check_figures(rep, 2, 8000, 116)
     assert not rep["created_topic"]
-    assert [x["partitions"] for x in rep["per_process"]] == [[0, 1], [1, 0]]
+    assert [x["partitions"] for x in rep["per_process"]] == [[0], [1]]
+    assert [x["batches"] for x in rep["per_process"]] == [2, 2]  # 3000 + 1000 each
     # For people: a line, a header, a row per process and the total.
     r = perf(tmp_path, "consume", root, "p", "--records", "100")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("consume p: 1 process x 100 records")
+    assert lines[0].startswith("consume p: 100 records over 1 process")
     assert lines[1].split()[:3] == ["PROCESS", "RECORDS", "SECONDS"]
     assert lines[3].split()[:2] == ["total", "100"]
+    # Then Kafka's summary line, as kafka-producer-perf-test prints it.
+    assert re.fullmatch(r"100 records read, [\d.]+ records/sec \([\d.]+ MB/sec\), [\d.]+ ms "
+                        r"avg latency, [\d.]+ ms max latency, \d+ ms 50th, \d+ ms 95th, \d+ "
+                        r"ms 99th, \d+ ms 99.9th\.", lines[4]), lines[4]
+    # 100 records take milliseconds: the figures are noted as too short to mean much.
+    assert re.fullmatch(r"note: the run took [\d.]+ s, too short to measure steadily: for "
+                        r"about 10 s, give --records \d+", lines[5]), lines[5]
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 40)), min_size=1, max_size=6),
+       st.integers(1, 6), st.data())
+def test_readers_share_the_records_each_offset_once(parts, processes, data):
+    from pafka_source.cli.perf import read_ranges
+    earliest = {p: e for p, (e, _) in enumerate(parts)}
+    latest = {p: e + n for p, (e, n) in enumerate(parts)}
+    held = sum(n for _, n in parts)
+    processes = min(processes, len(parts))
+    records = data.draw(st.integers(0, held))
+    got = read_ranges(earliest, latest, records, processes)
+    assert len(got) == processes
+    read = [(p, o) for i, ranges in enumerate(got) for p, s, e in ranges
+            for o in range(s, e) if p % processes == i]
+    assert len(read) == len(set(read)) == records == \
+        sum(e - s for ranges in got for _, s, e in ranges)
+    assert all(earliest[p] <= o < latest[p] for p, o in read)
+    for ranges in got:  # each partition from its earliest offset, with no gap
+        assert all(s == earliest[p] for p, s, _ in ranges)
 
 
 def test_consume_creates_and_fills_a_missing_topic(root, capsys):

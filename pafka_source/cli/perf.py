@@ -1,12 +1,16 @@
 """``pafka perf produce|consume``: throughput and latency of appends or reads, in several
 processes at once, as ``kafka-producer-perf-test`` and Pafka's multi-client benchmark report.
 
-Each of ``--processes`` processes appends (or reads) ``--records`` records, ``--batch-records``
-at a time; the latency of one append covers its write and its commit, that of one read the
+``--records`` is the total, as Kafka's ``--num-records``: ``--processes`` processes share it.
+To produce, each appends its share to a partition of its own, ``--batch-records`` at a time. To
+consume, the partitions are dealt out as a consumer group's are, and each process reads its
+partitions from their earliest offsets; the first ``--records`` records of the topic are read,
+each once. The latency of one append covers its write and its commit, that of one read the
 planning, mapping and checksum check of its records. All processes start together.
 Figures are per process and in total: records/s, MB/s (10^6 bytes of Arrow data) and latency
-percentiles. A missing topic is created with a partition per process, holding an int64 ``key``
-and a binary ``value`` of ``--record-size`` bytes (Arrow adds a 4-byte offset per value).
+(average and percentiles), then Kafka's one-line summary. A missing topic (with ``--create``)
+gets a partition per process, holding an int64 ``key`` and a binary ``value`` of
+``--record-size`` bytes (Arrow adds a 4-byte offset per value).
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def add_commands(command: Any) -> None:
                    help="create the topic if it is missing, with a partition per process "
                         "(consume fills it with --records records first)")
     c.add_argument("--records", type=whole(1, 10**12), required=True, metavar="N",
-                   help="records each process appends or reads")
+                   help="records appended or read in all, shared by the processes (Kafka's "
+                        "--num-records)")
     c.add_argument("--record-size", type=whole(0, 16 << 20), metavar="B",
                    help="bytes of each record's value (required to produce, or to create a "
                         "topic to consume)")
@@ -120,15 +125,49 @@ def _prepare(store: Store, mode: str, topic: str, records: int, record_size: int
     if mode == "consume" and held < records:
         raise InvalidArgument(f"topic {topic!r} holds {held:,} records, fewer than --records "
                               f"{records:,}: lower --records, or produce more first")
+    if mode == "consume" and t.partitions < processes:
+        raise InvalidArgument(f"topic {topic!r} has {t.partitions} partition(s), fewer than "
+                              f"--processes {processes}: a partition is read by one process "
+                              "(as in a consumer group), so lower --processes")
     return False
+
+
+def shares(records: int, processes: int) -> list[int]:
+    """``records`` split over ``processes``, the first ones taking one more."""
+    q, r = divmod(records, processes)
+    return [q + (i < r) for i in range(processes)]
+
+
+def read_ranges(earliest: dict[int, int], latest: dict[int, int], records: int,
+                processes: int) -> list[list[tuple[int, int, int]]]:
+    """Per process, the ``(partition, start, end)`` ranges it reads: partition ``p`` goes to
+    process ``p % processes``, and each process takes its share of ``records`` from its
+    partitions in turn. Every offset is read once."""
+    parts = [sorted(p for p in earliest if p % processes == i) for i in range(processes)]
+    held = [sum(latest[p] - earliest[p] for p in ps) for ps in parts]
+    want = shares(records, processes)
+    left = records - sum(min(w, h) for w, h in zip(want, held, strict=True))
+    out = []
+    for ps, w, h in zip(parts, want, held, strict=True):
+        take = min(w, h)
+        extra = min(left, h - take)  # a process short of records leaves its share to others
+        take, left = take + extra, left - extra
+        ranges = []
+        for p in ps:
+            n = min(take, latest[p] - earliest[p])
+            if n:
+                ranges.append((p, earliest[p], earliest[p] + n))
+            take -= n
+        out.append(ranges)
+    return out
 
 
 def _percentiles(seconds: np.ndarray) -> dict[str, float]:
     if not len(seconds):
-        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
-    p50, p95, p99 = np.percentile(seconds * 1000, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99),
-            "max": float(seconds.max() * 1000)}
+        return {"avg": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "p99.9": 0.0, "max": 0.0}
+    p50, p95, p99, p999 = np.percentile(seconds * 1000, [50, 95, 99, 99.9])
+    return {"avg": float(seconds.mean() * 1000), "p50": float(p50), "p95": float(p95),
+            "p99": float(p99), "p99.9": float(p999), "max": float(seconds.max() * 1000)}
 
 
 def _figures(records: int, nbytes: int, seconds: float, lat: np.ndarray) -> dict[str, Any]:
@@ -148,12 +187,19 @@ def run_perf(root: str, mode: str, topic: str, records: int, record_size: int | 
     store = open_store(root)
     created = _prepare(store, mode, topic, records, record_size, processes, batch_records,
                        lambda n: progress("filling", n), create)
+    if mode == "produce":
+        t = store.topic(topic)
+        work: list[Any] = [(n, i % t.partitions) for i, n in
+                           enumerate(shares(records, processes))]
+    else:
+        t = store.topic(topic)
+        work = read_ranges(t.earliest_offsets(), t.latest_offsets(), records, processes)
     ctx = mp.get_context("spawn")  # no fork of a process holding locks and threads
     counters = ctx.Array("q", processes, lock=False)
     barrier = ctx.Barrier(processes + 1)
     results = ctx.Queue()
-    args = (mode, store.root, topic, records, record_size or 0, throughput, batch_records)
-    procs = [ctx.Process(target=_worker, args=(i, *args, counters, barrier, results),
+    args = (mode, store.root, topic, record_size or 0, throughput, batch_records)
+    procs = [ctx.Process(target=_worker, args=(i, work[i], *args, counters, barrier, results),
                          name=f"pafka-perf-{i}", daemon=True) for i in range(processes)]
     for p in procs:
         p.start()
@@ -199,20 +245,20 @@ def run_perf(root: str, mode: str, topic: str, records: int, record_size: int | 
             "per_process": per, "total": total}
 
 
-def _worker(i: int, mode: str, root: str, topic: str, records: int, record_size: int,
+def _worker(i: int, work: Any, mode: str, root: str, topic: str, record_size: int,
             throughput: float | None, batch_records: int, counters: Any, barrier: Any,
             results: Any) -> None:
-    """One process's run: open, wait for the others, append or read, report."""
+    """One process's run: open, wait for the others, append or read ``work`` (produce: how
+    many records, to which partition; consume: its ranges), report."""
     try:
         store = Store.open(root, create=False)
         t = store.topic(topic)
         if mode == "produce":
-            batch = perf_batch(batch_records, record_size, seed=i)
-            parts = [i % t.partitions]
+            records, partition = work
+            batch = perf_batch(min(batch_records, max(records, 1)), record_size, seed=i)
+            parts = [partition]
         else:
-            earliest, latest = t.earliest_offsets(), t.latest_offsets()
-            # Each process reads the partitions from its own one on, so they spread out.
-            parts = [(i + k) % t.partitions for k in range(t.partitions)]
+            parts = [p for p, _, _ in work]
         barrier.wait(START_TIMEOUT)
     except threading.BrokenBarrierError:  # another process failed: it reports why
         results.put((i, {"error": None}))
@@ -237,10 +283,9 @@ def _worker(i: int, mode: str, root: str, topic: str, records: int, record_size:
                 counters[i] = done
                 _pace(start, done, throughput)
         else:
-            for p in parts:
-                pos = earliest[p]
-                while pos < latest[p] and done < records:
-                    end = min(pos + batch_records, latest[p], pos + records - done)
+            for p, pos, stop in work:
+                while pos < stop:
+                    end = min(pos + batch_records, stop)
                     t0 = time.perf_counter()
                     for b in t.read(p, pos, end):
                         nbytes += b.nbytes
@@ -273,20 +318,47 @@ def render_perf(r: dict[str, Any]) -> list[str]:
     cap = f", capped at {r['throughput_cap']:,.0f} records/s each" if r["throughput_cap"] \
         else ""
     procs = f"{r['processes']} process{'es' if r['processes'] != 1 else ''}"
-    head = (f"{r['mode']} {r['topic']}: {procs} x {r['records']:,} records ({size}{what} of "
-            f"{r['batch_records']:,}{cap})")
+    head = (f"{r['mode']} {r['topic']}: {r['records']:,} records over {procs} ({size}{what} "
+            f"of {r['batch_records']:,}{cap})")
     rows = [[str(x["process"]), x] for x in r["per_process"]] + [["total", r["total"]]]
-    heads = ["PROCESS", "RECORDS", "SECONDS", "RECORDS/S", "MB/S", "P50 MS", "P95 MS",
-             "P99 MS", "MAX MS"]
+    heads = ["PROCESS", "RECORDS", "SECONDS", "RECORDS/S", "MB/S", "AVG MS", "P50 MS",
+             "P95 MS", "P99 MS", "P99.9 MS", "MAX MS"]
     cells = [[name, f"{x['records']:,}", f"{x['seconds']:.2f}", f"{x['records_per_s']:,.0f}",
               f"{x['mb_per_s']:,.1f}",
-              *(f"{x['latency_ms'][k]:.2f}" for k in ("p50", "p95", "p99", "max"))]
+              *(f"{x['latency_ms'][k]:.2f}" for k in LATENCIES)]
              for name, x in rows]
-    lines = [head, *out.table(heads, cells, right=[False] + [True] * (len(heads) - 1))]
+    lines = [head, *out.table(heads, cells, right=[False] + [True] * (len(heads) - 1)),
+             kafka_line(r)]
+    took = r["total"]["seconds"]
+    if took < SHORT_RUN_S:  # caches, start-up and one slow batch dominate such a run
+        enough = _round_up(r["records"] * 10 / took)
+        lines.append(f"note: the run took {took:.2f} s, too short to measure steadily: for "
+                     f"about 10 s, give --records {enough}")
     if r["created_topic"]:
         lines.append(f"note: created topic {r['topic']}" +
                      (" and filled it first (not measured)" if r["mode"] == "consume" else ""))
     return lines
+
+
+LATENCIES = ("avg", "p50", "p95", "p99", "p99.9", "max")
+SHORT_RUN_S = 2.0  # a shorter run is noted as too short to measure
+
+
+def _round_up(n: float) -> int:
+    """``n`` rounded up to two significant digits."""
+    step = 10 ** max(0, len(str(int(n))) - 2)
+    return int(-(-n // step) * step)
+
+
+def kafka_line(r: dict[str, Any]) -> str:
+    """The total as ``kafka-producer-perf-test`` prints it (latency per append or read of
+    ``--batch-records``, not per record; MB of 10^6 bytes)."""
+    x, lat = r["total"], r["total"]["latency_ms"]
+    verb = "sent" if r["mode"] == "produce" else "read"
+    return (f"{x['records']} records {verb}, {x['records_per_s']:.1f} records/sec "
+            f"({x['mb_per_s']:.2f} MB/sec), {lat['avg']:.2f} ms avg latency, "
+            f"{lat['max']:.2f} ms max latency, {lat['p50']:.0f} ms 50th, {lat['p95']:.0f} ms "
+            f"95th, {lat['p99']:.0f} ms 99th, {lat['p99.9']:.0f} ms 99.9th.")
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
@@ -295,7 +367,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     bars: dict[str, Any] = {}
-    totals = {"filling": args.records, args.mode: args.records * args.processes}
+    totals = {"filling": args.records, args.mode: args.records}
 
     def progress(phase: str, n: int) -> None:
         if phase not in bars:  # a bar per phase, on a terminal only
