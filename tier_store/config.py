@@ -326,6 +326,8 @@ def properties_text() -> str:
             "directory has moved." if key.name.endswith(".paths") else
             " Fixed when the store is created.")
         lines.append(f"# Allowed: {key.allowed()}.{fixed}")
+        if key.default_when:
+            lines.append(f"# The default applies {key.default_when}.")
         lines.append(f"#{key.name}={render_value(key.default)}")
         lines.append("")
     lines += ["# More than two tiers: storage.tiers.<n>.paths / .sizes for tier n of",
@@ -361,7 +363,8 @@ def markdown_table() -> str:
     """The README's table of keys."""
     rows = ["| key | default | allowed | changeable | meaning |", "|---|---|---|---|---|"]
     for key in KEYS.values():
-        rows.append(f"| `{key.name}` | `{render_value(key.default)}` | {key.allowed()} | "
+        when = f" ({key.default_when})" if key.default_when else ""
+        rows.append(f"| `{key.name}` | `{render_value(key.default)}`{when} | {key.allowed()} | "
                     f"{_changeable_text(key)} | {key.doc} |")
     rows.append("| `storage.tiers.<n>.paths` / `.sizes` | | as tier 2; n at most the number "
                 "of storage.tiers.types | `pafka relocate` / `pafka resize` | Tier n of "

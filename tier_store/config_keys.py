@@ -54,6 +54,8 @@ class ConfigKey:
     # A rule the value must also meet that the range cannot say (checked elsewhere), so
     # that allowed() describes everything a value is checked against.
     note: str = ""
+    # When the default applies only under another key's value: said beside it in the docs.
+    default_when: str = ""
 
     def allowed(self) -> str:
         """Describe the allowed values, for errors and docs: everything parse() accepts."""
@@ -190,7 +192,9 @@ KEYS: dict[str, ConfigKey] = {
                   "fsspec URL) hold sealed segments only; a LAKE tier (last; a directory or URL) "
                   "holds the oldest segments as a Delta Lake table; the others are written "
                   "with write + fsync.",
-                  choices=TIER_TYPES, note="the first not REMOTE or LAKE; LAKE only last"),
+                  choices=TIER_TYPES, note="the first not REMOTE or LAKE; LAKE only last",
+                  default_when="with log.channel.type=tiered; the default store has one FILE "
+                               "tier"),
         ConfigKey("storage.tiers.first.paths", "path", "",
                   "Directory of tier 1 (empty: <root>/tier-1). Alias of storage.tiers.1.paths."),
         ConfigKey("storage.tiers.first.sizes", "size", -1,
