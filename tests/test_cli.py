@@ -517,6 +517,20 @@ def test_tiers_shows_a_pmem_tiers_usable_capacity_its_pool(tmp_path, shm_dir, ca
     assert len(got["notes"]) == 1 and "log.pmem.pool.ratio" in got["notes"][0]
 
 
+def test_migrate_on_a_full_one_tier_store_says_nothing_can_move_and_what_to_do(tmp_path,
+                                                                             capsys):
+    # A one-tier store over its threshold is not "within its threshold": nothing is below it.
+    s = Store.open(tmp_path, {"log.segment.bytes": "64k", "storage.tiers.first.sizes": "512k"})
+    t = s.create_topic("t", SCHEMA)
+    for i in range(12):
+        t.append(make_batch(i * 1000, 1000))
+    s.close()
+    m = _json_of(capsys, "migrate", str(tmp_path), "--once", "--json")
+    assert not m["planned"] and m["moves"] == 0
+    assert "tier 1 is" in m["idle_reason"] and "the store has one tier" in m["idle_reason"] \
+        and "pafka resize" in m["idle_reason"], m["idle_reason"]
+
+
 # -- --json on every command that prints data; help on every argument ------------------------------
 def test_json_of_topics_describe_check_migrate_resize_and_relocate(tmp_path, shm_dir, capsys):
     import json

@@ -264,8 +264,26 @@ def plan_migration(svc: MigrationService) -> dict[str, Any]:
     moves = svc.plan() if low >= 0 else []
     idle = None if moves else (
         "migration is disabled (storage.migrate.threshold=-1)" if low < 0 else
+        _stuck(svc.store.tier_usage(), high) or
         f"every tier is within its {band_text(low, high)} and in freshness order")
     return {"moves": moves, "bytes": sum(m.bytes for m in moves), "idle_reason": idle}
+
+
+def _stuck(usage: list[dict[str, Any]], high: float) -> str | None:
+    """Why nothing moves although a tier is over the threshold: it is the last tier (or the
+    only one), so nothing is below it to move to. None if no tier is over it."""
+    over = [u for u in usage if u["capacity"] and u["used"] > high * u["capacity"]]
+    if not over:
+        return None
+    u = over[0]
+    last = u["tier"] == max(x["tier"] for x in usage)
+    below = ("the store has one tier: nothing is below it to move to" if len(usage) == 1 else
+             f"tier {u['tier']} is the last: nothing is below it to move to" if last else
+             "the tiers below have no room for its segments")
+    return (f"tier {u['tier']} is {u['used'] / u['capacity']:.0%} full, over its "
+            f"threshold {high:.0%}, but {below}. Raise a size (pafka resize ROOT TIER SIZE), "
+            "add a tier (storage.tiers.types), or let retention delete old segments "
+            "(retention.ms, retention.bytes)")
 
 
 def run_migration(store: ReportingStore, svc: MigrationService, plan: dict[str, Any],
