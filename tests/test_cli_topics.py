@@ -366,6 +366,38 @@ def test_produce_from_stdin_with_the_installed_command(root, tmp_path):
     assert r.returncode == 1 and r.stderr.startswith("pafka: ") and "--format" in r.stderr
 
 
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_produce_from_stdin_commits_lines_as_they_arrive(root, tmp_path, fmt):
+    # As `tail -f log | pafka produce`: lines are committed within --linger-ms of arriving,
+    # not when stdin ends (or 65,536 lines later).
+    import time
+
+    def lines(start: int, n: int) -> str:
+        if fmt == "csv":
+            return "".join(f"{i},{i * 10},v{i}\n" for i in range(start, start + n))
+        return "".join(json.dumps({"key": i, "ts": i * 10, "value": f"v{i}"}) + "\n"
+                       for i in range(start, start + n))
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([PAFKA, "produce", root, "t", "--from", "-", "--format", fmt,
+                             "--linger-ms", "200", "--json"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env)
+    try:
+        proc.stdin.write(("key,ts,value\n" if fmt == "csv" else "") + lines(0, 3))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(records(root)) < 3:
+            time.sleep(0.1)
+        assert [r["key"] for r in records(root)] == [0, 1, 2]  # stdin still open
+        out, err = proc.communicate(lines(3, 4), timeout=60)  # then stdin ends
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["records"] == 7
+    assert records(root) == _table(7).to_pylist()
+
+
 def test_produce_shows_a_progress_bar_on_a_terminal(root, tmp_path):
     import fcntl
     import pty

@@ -62,22 +62,81 @@ class _Source:
     """One input file (or stdin) of one format: its batches, as the file holds them."""
 
     def __init__(self, path: str, fmt: str, schema: pa.Schema, batch_records: int,
-                 null_values: list[str] | None = None):
+                 null_values: list[str] | None = None, linger_ms: int | None = None):
         self.path, self.fmt, self.schema, self.batch_records = path, fmt, schema, batch_records
         self.null_values = null_values
         self.name = "stdin" if path == "-" else path
         self.total: int | None = None  # records, when the file says
+        # Lines of stdin go out at most this long after they arrive (CSV and JSON lines).
+        self.linger_ms = linger_ms if path == "-" and fmt in ("csv", "json") else None
+        self._block: bytes | None = None
 
     def _stream(self) -> BinaryIO | Any:
+        if self._block is not None:
+            import io
+            return io.BytesIO(self._block)
         if self.path == "-":
             return sys.stdin.buffer
         return pa.input_stream(self.path, compression="detect")
 
+    def lingering(self) -> bool:
+        return self.linger_ms is not None  # batches cut by time too (stdin, CSV or JSON)
+
+    def _lingered(self, read: Callable[[], Iterator[pa.RecordBatch]]
+                  ) -> Iterator[pa.RecordBatch]:
+        """Stdin's lines in blocks of at most ``batch_records`` lines, each block out at most
+        ``linger_ms`` after its first line came (as Kafka's console producer's linger.ms):
+        ``tail -f log | pafka produce`` commits as lines arrive, not at the end."""
+        import queue
+        lines: queue.Queue[bytes | None] = queue.Queue(maxsize=4 * self.batch_records)
+        stdin = sys.stdin.buffer
+
+        def pump() -> None:
+            try:
+                for line in stdin:
+                    lines.put(line)
+            finally:
+                lines.put(None)  # the end of stdin
+        threading.Thread(target=pump, name="pafka-stdin", daemon=True).start()
+        header = b""
+        if self.fmt == "csv":  # each block is read as a CSV file of its own: header first
+            if (first := lines.get()) is None:
+                return
+            header = first if first.endswith(b"\n") else first + b"\n"
+        assert self.linger_ms is not None
+        done, blocks = False, 0
+        while not done:
+            got: list[bytes] = []
+            line = lines.get()  # wait as long as it takes for a block's first line
+            if line is None:
+                if self.fmt == "csv" and not blocks:  # a header alone: read it (and check it)
+                    self._block = header
+                    yield from read()
+                break
+            blocks += 1
+            got.append(line)
+            due = time.monotonic() + self.linger_ms / 1000
+            while len(got) < self.batch_records:
+                try:
+                    line = lines.get(timeout=max(0.0, due - time.monotonic()))
+                except queue.Empty:
+                    break
+                if line is None:
+                    done = True
+                    break
+                got.append(line)
+            self._block = header + b"".join(got) + (b"" if got[-1].endswith(b"\n") else b"\n")
+            try:
+                yield from read()
+            finally:
+                self._block = None
+
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The file's batches, each validated before anything reads its values."""
         row = 1  # a file's records counted from 1, as the CSV errors count them
+        read = getattr(self, "_" + self.fmt)
         try:
-            for b in getattr(self, "_" + self.fmt)():
+            for b in (self._lingered(read) if self.lingering() else read()):
                 check_valid(pa.Table.from_batches([b]), self.name, first_row=row, outcome="")
                 row += b.num_rows
                 yield b
@@ -274,9 +333,11 @@ def produce(store: Store, topic: str, path: str, fmt: str | None = None,
             key: str | None = None, partition: int | None = None,
             batch_records: int = 65536,
             progress: Callable[[int, int | None], None] | None = None,
-            null_values: list[str] | None = None, skip: int = 0) -> dict[str, Any]:
+            null_values: list[str] | None = None, skip: int = 0,
+            linger_ms: int = 1000) -> dict[str, Any]:
     """Append the records of file ``path`` (``-``: stdin) to ``topic`` in batches of
     ``batch_records``, after its first ``skip``; ``progress(records, total)`` after each.
+    From stdin, CSV and JSON lines go out at most ``linger_ms`` after they arrive.
     ``null_values``: the CSV cells that are null (default: only an empty one). A column of
     the topic that no record of a JSON file holds is stored as nulls, with a warning. Ctrl-C
     stops after the batch being committed: :class:`Interrupted` says how many records went
@@ -292,13 +353,17 @@ def produce(store: Store, topic: str, path: str, fmt: str | None = None,
         raise IsADirectoryError(21, "Is a directory: give a file", path)
     if null_values is not None and fmt != "csv":
         raise InvalidArgument(f"null_values applies only to CSV input, not {fmt}")
-    src = _Source(path, fmt, t.schema, batch_records, null_values)
+    src = _Source(path, fmt, t.schema, batch_records, null_values, linger_ms)
     records, size, by_partition = 0, 0, dict.fromkeys(range(t.partitions), 0)
     started = time.perf_counter()
     absent = set(t.schema.names) if fmt == "json" else set()  # no value seen yet
     guard = _CommitGuard()
     try:
-        for table in _rebatched(_skipped(src.batches(), skip), batch_records):
+        batches = _skipped(src.batches(), skip)
+        # A lingering source's batches are what arrived in time: each is committed as it is.
+        tables = (pa.Table.from_batches([b]) for b in batches) if src.lingering() else \
+            _rebatched(batches, batch_records)
+        for table in tables:
             data = fit(table, t.schema, topic, src.name)
             absent -= {n for n in absent if data.column(n).null_count < data.num_rows}
             refs = t.write_chunks(data, partition=partition, key=key)

@@ -229,7 +229,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
             bar.update(records - bar.n)
         summary = produce(store, args.topic, args.source, args.format, args.key,
                           args.partition, args.batch_records, progress,
-                          null_values=_null_values(args.null_values), skip=args.skip)
+                          null_values=_null_values(args.null_values), skip=args.skip,
+                          linger_ms=args.linger_ms)
     out.emit(summary, args.json, out.render_produced)
     return 0
 
@@ -346,6 +347,9 @@ def add_commands(command: Any) -> None:
                     help="write every record to partition P")
     p.add_argument("--batch-records", type=whole(1), default=65536, metavar="N",
                    help="records read and appended at a time (default 65536)")
+    p.add_argument("--linger-ms", type=whole(0), default=1000, metavar="MS",
+                   help="stdin, CSV or JSON lines: commit what came within MS of a batch's "
+                        "first line, as Kafka's linger.ms (default 1000)")
     p.add_argument("--skip", type=whole(0), default=0, metavar="N",
                    help="leave out the file's first N records (to resume an interrupted "
                         "produce: it names N)")
