@@ -119,6 +119,22 @@ def test_each_host_reads_its_own_copies_and_the_shared_tier_for_the_rest(shared)
     assert after["remote_chunks"] - before["remote_chunks"] == 3
 
 
+def test_each_host_counts_its_own_tier_1_only(shared):
+    # Every host has a tier 1 of its own: `pafka tiers` and the service's fill on host ha
+    # must not count the segments host hb holds on its disk.
+    root, conf, tier1, hb = shared
+    with Store.open(root, conf) as s:
+        s.topic("t").append(_rows(0, 2000), key="id")
+        mine = s.tier_usage()[0]
+    host_job("hb", hb, tier1, "write", root, json.dumps(conf), "t", "2000", "1000")
+    with Store.open(root, conf, create=False) as s:
+        segs = [x for x in s.topic("t").state().segments.values() if x.tier == 1]
+        assert {x.host for x in segs} == {"ha", "hb"}  # both hosts' segments are in tier 1
+        usage = s.tier_usage()[0]
+        assert (usage["segments"], usage["used"]) == (mine["segments"], mine["used"])
+        assert usage["segments"] < len(segs)
+
+
 def test_a_host_that_lost_its_tier_1_reads_everything_from_the_shared_tier(shared):
     root, conf, tier1, hb = shared
     with Store.open(root, conf) as s:

@@ -262,7 +262,8 @@ class Store:
 
     def tier_usage(self) -> list[dict[str, Any]]:
         """Per tier: number, type, path, capacity, used bytes, segments (and free pool files)."""
-        return views.tier_usage(self.tiers, self._states())
+        shared = self.shared
+        return views.tier_usage(self.tiers, self._states(), shared and shared.host)
 
     def place_segment(self, topic: str, partition: int, seq: int, need: int,
                       durable: bool = True) -> tuple[Tier, SegmentWriter]:

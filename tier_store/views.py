@@ -245,14 +245,18 @@ def used_bytes(tiers: list[Tier], states: list[TopicState], host: str | None = N
     return used
 
 
-def tier_usage(tiers: list[Tier], states: list[TopicState]) -> list[dict[str, Any]]:
-    """Per tier: number, type, path, capacity, used bytes, segments (and free pool files)."""
+def tier_usage(tiers: list[Tier], states: list[TopicState], host: str | None = None
+               ) -> list[dict[str, Any]]:
+    """Per tier: number, type, path, capacity, used bytes, segments (and free pool files);
+    ``host`` as in :func:`used_bytes`."""
     used = {t.number: 0 for t in tiers}
     segs = {t.number: 0 for t in tiers}
+    local = {t.number for t in tiers if t.local}
     for st in states:
         for s in st.segments.values():
-            used[s.tier] += s.extent
-            segs[s.tier] += 1
+            if host is None or s.tier not in local or s.host == host:
+                used[s.tier] += s.extent
+                segs[s.tier] += 1
     out = []
     for t in tiers:
         # Size -1: what the store holds there plus what its filesystem has room for.
