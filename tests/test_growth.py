@@ -182,6 +182,28 @@ def test_the_reserved_figure_still_refuses_a_segment_past_the_capacity(tmp_path,
     assert 2 <= store._placement.counts <= len(topic.segments())
 
 
+def test_writers_in_several_processes_fill_a_tier_once_not_once_each(tmp_path):
+    # Three processes append at once to a 4 MiB tier 1 (pafka perf, a process each). Each
+    # used to account only its own new segments: together they filled tier 1 about 3 times.
+    import json
+    import os
+    import subprocess
+    import sys
+    root = str(tmp_path / "store")
+    Store.open(root, {"storage.tiers.types": "FILE,HDD", "storage.tiers.first.sizes": "4m",
+                      "log.segment.bytes": "256k"}).close()
+    pafka = os.path.join(os.path.dirname(sys.executable), "pafka")
+    r = subprocess.run([pafka, "perf", "produce", root, "p", "--create", "--records", "90000",
+                        "--record-size", "100", "--processes", "3", "--batch-records", "500",
+                        "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"]["records"] == 90000  # 10 MB: most on tier 2
+    usage = {u["tier"]: u for u in Store.open(root).tier_usage()}
+    assert usage[2]["used"] > 0
+    # At most the capacity, and a segment per writer that a count made meanwhile missed.
+    assert usage[1]["used"] <= (4 << 20) + 3 * (256 << 10), usage[1]
+
+
 def test_a_pool_tier_or_an_unbounded_one_never_counts_usage(tmp_path, shm_dir):
     store = _store(tmp_path, **{"storage.tiers.types": "PMEM,HDD",
                                 "storage.tiers.first.paths": shm_dir,

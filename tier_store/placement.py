@@ -13,25 +13,29 @@ concurrent writer already). A pool tier counts its free pool files; a tier witho
 capacity needs no count.
 
 A new handle (a Spark task's process, a ``pafka`` command) would count on its first
-segment. Each count is left at the root as a hint (``_tier_usage.json``), and a handle
-whose first figure finds one at most :data:`SEED_MAX_AGE_S` old starts from it: placing a
-segment costs the same with one topic or thousands. The hint is only a figure: a damaged
-or strange one is ignored (counted instead), and a tier that looks full is recounted. A
-store shared by many hosts keeps no hint (each host has its own first tier).
+segment. Each count is left at the root (``_tier_usage.json``), and a handle that finds one
+at most :data:`SEED_MAX_AGE_S` old starts from it: placing a segment costs the same with one
+topic or thousands. The file is also the processes' shared ledger: each placement, under
+the flock of ``_tier_usage.lock``, reads it, checks the room, creates the segment and adds
+the segment to it. So writers in several processes (Spark's Python workers) see each
+other's new segments, and do not each fill the same room. The file is only a figure: a
+damaged or strange one is ignored (counted instead), and a tier that looks full is
+recounted. A store shared by many hosts keeps none (each host has its own first tier).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from .config import WHOLE_FILESYSTEM
 from .errors import CorruptState, StoreFull
-from .layout import is_url, read_regular, write_atomic
+from .layout import file_lock, is_url, read_regular, write_atomic
 from .tiers import NO_SPACE, SegmentWriter, Tier
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ USAGE_MAX_AGE_S = 2.0
 SEED_MAX_AGE_S = 10.0
 """How old the count another handle left may be for a new handle to start from it."""
 SEED_FILE = "_tier_usage.json"
+LEDGER_LOCK = "_tier_usage.lock"
 
 
 class Placement:
@@ -56,26 +61,46 @@ class Placement:
         self._count = count  # the committed bytes per tier, from every topic's state
         self._used: dict[int, int] | None = None
         self._counted_at = 0.0
-        self._lock = threading.Lock()
+        self._count_time = 0.0  # wall time of the count the figure starts from
+        self._lock = threading.RLock()
         self.counts = 0  # full counts made: tests check that placing seldom needs one
 
     def used(self, recount: bool = False) -> dict[int, int]:
         """Bytes accounted per tier: a count at most :data:`USAGE_MAX_AGE_S` old (or made
-        now, with ``recount``), plus the segments placed since."""
+        now, with ``recount``), plus the segments placed since, by any process (the ledger
+        at the root) or by this handle."""
         with self._lock:
-            if self._used is None and not recount:
-                self._used = self._read_seed()
-                self._counted_at = time.monotonic()
+            if not recount:
+                held = self._read_seed()
+                if held is not None:
+                    age, used, at = held
+                    if self._used is None or age < USAGE_MAX_AGE_S:
+                        # A new handle starts its own count's clock; a fresher ledger moves it.
+                        self._counted_at = time.monotonic() - (age if self._used else 0.0)
+                        self._used, self._count_time = used, at
             if recount or self._used is None or \
                     time.monotonic() - self._counted_at >= USAGE_MAX_AGE_S:
                 self._used = dict(self._count())
-                self._counted_at = time.monotonic()
+                self._counted_at, self._count_time = time.monotonic(), time.time()
                 self.counts += 1
                 self._write_seed(self._used)
             return dict(self._used)
 
-    def _read_seed(self) -> dict[int, int] | None:
-        """The count another handle left, if young enough and well formed; else None."""
+    @contextlib.contextmanager
+    def _ledger(self) -> Iterator[None]:
+        """Hold the ledger's flock (and this handle's lock): a placement's check, segment
+        and reservation are one step for every process of the host."""
+        with self._lock, contextlib.ExitStack() as stack:
+            if self._seed is not None:
+                try:
+                    stack.enter_context(file_lock(os.path.join(self.root, LEDGER_LOCK)))
+                except OSError as e:  # a read-only root: each process accounts for itself
+                    log.debug("tier usage ledger not locked: %s", e)
+            yield
+
+    def _read_seed(self) -> tuple[float, dict[int, int], float] | None:
+        """The ledger (its count's age, the figure, the count's time), if young enough and
+        well formed; else None."""
         if self._seed is None:
             return None
         try:
@@ -88,7 +113,7 @@ class Placement:
             if not 0 <= age <= SEED_MAX_AGE_S or not all(
                     type(v) is int and v >= 0 for v in used.values()):
                 return None
-            return used
+            return age, used, float(held["time"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError, CorruptState) as e:
             log.debug("ignoring the tier usage hint %s: %s", self._seed, e)
             return None
@@ -96,7 +121,7 @@ class Placement:
     def _write_seed(self, used: dict[int, int]) -> None:
         if self._seed is None:
             return
-        data = json.dumps({"time": time.time(), "used": used}).encode()
+        data = json.dumps({"time": self._count_time, "used": used}).encode()
         try:
             write_atomic(self._seed, data, durable=False)  # a hint: a crash may lose it
         except OSError as e:  # a read-only root, a full disk: the next handle counts
@@ -106,6 +131,13 @@ class Placement:
               durable: bool = True) -> tuple[Tier, SegmentWriter]:
         """Create segment ``seq`` on the first local tier with room; :class:`StoreFull`
         naming every tier when none has room."""
+        if not any(_counts_usage(t) for t in self.tiers):
+            return self._place(topic, partition, seq, need, durable)
+        with self._ledger():
+            return self._place(topic, partition, seq, need, durable)
+
+    def _place(self, topic: str, partition: int, seq: int, need: int,
+               durable: bool) -> tuple[Tier, SegmentWriter]:
         used: dict[int, int] | None = None
         counted = False  # whether ``used`` was counted by this call
         for t in self.tiers:
@@ -131,11 +163,10 @@ class Placement:
                 self._release_partial(t, topic, partition, seq)
                 continue
             if w is not None:
-                if _counts_usage(t):
-                    with self._lock:
-                        if self._used is not None:  # the segment is reserved whole
-                            self._used[t.number] = self._used.get(t.number, 0) + \
-                                max(need, t.segment_bytes)
+                if _counts_usage(t) and self._used is not None:  # reserved whole, for all
+                    self._used[t.number] = self._used.get(t.number, 0) + \
+                        max(need, t.segment_bytes)
+                    self._write_seed(self._used)
                 return t, w
         now = self._count()
         usage = "; ".join(self._tier_line(t, now.get(t.number, 0)) for t in self.tiers)
