@@ -65,6 +65,7 @@ class TopicLog:
         self.lock = threading.RLock()
         self._state = state
         self._known_checkpoint = commit_log.last_checkpoint() or 0
+        self._started_checkpoint = 0  # the newest checkpoint this handle began to write
 
     @property
     def current(self) -> TopicState:
@@ -94,6 +95,12 @@ class TopicLog:
         finish = self.start_checkpoint(grace_ms, interval)
         return finish()
 
+    @property
+    def checkpoint_begun(self) -> int:
+        """The version of the newest checkpoint this handle wrote or began to write: one
+        being written counts, so a commit meanwhile does not take its own for overdue."""
+        return max(self._known_checkpoint, self._started_checkpoint)
+
     def start_checkpoint(self, grace_ms: int, interval: int = 0) -> Callable[[], int]:
         """Take what a checkpoint of the state as it is needs, under the lock (its index
         pieces are written now); returns the rest, which writes it outside the lock and
@@ -101,6 +108,7 @@ class TopicLog:
         with self.lock:
             version = self._state.version
             parts = self.commit_log.checkpoint_parts(self._state)
+            self._started_checkpoint = max(self._started_checkpoint, version)
 
         def finish() -> int:
             if parts is not None:

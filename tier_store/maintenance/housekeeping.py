@@ -50,7 +50,9 @@ def after_commit(topic: Topic) -> None:
     bundles. Failures are logged, never raised (see the module docstring)."""
     version = topic.state(refresh=False).version
     interval = topic.setting("log.checkpoint.interval")
-    if (version % interval == 0 or version - topic.checkpointed_version >= 2 * interval) \
+    # Overdue counts from the last checkpoint begun: one still being written is no reason to
+    # write another off the interval (cleanup looks for checkpoints at its multiples).
+    if (version % interval == 0 or version - topic.log.checkpoint_begun >= 2 * interval) \
             and not deferred.pending(topic.log):
         try:
             finish = topic.log.start_checkpoint(topic.setting("log.cleanup.grace.ms"),
