@@ -6,11 +6,11 @@ not one per append.
 
 Room on a tier of fixed bytes is its capacity against the bytes the topics' states account
 to it. Counting them loads every topic of the store, so it is done only for such a tier,
-and at most every :data:`USAGE_MAX_AGE_S` seconds per store handle: between counts, the
-figure is the last count plus a whole segment for each segment this handle placed since.
-Accounting stays soft by what other processes placed meanwhile (as by one segment per
-concurrent writer already). A pool tier counts its free pool files; a tier without a
-capacity needs no count.
+and at most every :data:`USAGE_MAX_AGE_S` seconds: between counts, the figure is the last
+count plus a whole segment for each segment placed since, by any process of the host (the
+ledger below). A count misses the segments other processes placed but have not committed
+yet, so accounting stays soft by about one segment per concurrent writer. A pool tier counts
+its free pool files; a tier without a capacity needs no count.
 
 A new handle (a Spark task's process, a ``pafka`` command) would count on its first
 segment. Each count is left at the root (``_tier_usage.json``), and a handle that finds one
