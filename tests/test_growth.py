@@ -375,9 +375,12 @@ def test_cleanup_looks_up_no_name_that_is_not_there(tmp_path, monkeypatch):
     for i in range(1000):
         topic.append(make_batch(i, 1))
     settle()
-    # Only at version 0, a multiple of the interval where no commit writes one.
-    assert [m for m in missed if m.endswith(".checkpoint")] == ["0" * 20 + ".checkpoint"]
-    assert len(missed) <= 3, missed
+    # Only at multiples of the interval: version 0, where no commit writes one, and any
+    # a busy maintenance thread skipped (a topic keeps one checkpoint pending at most).
+    # Never one name per version.
+    looked = [int(m.split(".")[0]) for m in missed if m.endswith(".checkpoint")]
+    assert 0 in looked and all(v % 10 == 0 for v in looked), looked
+    assert len(missed) <= 10, missed
     # Checkpoints another handle wrote below where this one cleans up are not looked for
     # one by one; the next listing (once per grace period) finds and deletes them.
     log_dir = os.path.join(str(tmp_path / "store"), "t", "_log")
