@@ -361,3 +361,46 @@ def test_a_commit_looks_over_an_active_segments_pieces_once_per_new_piece(tmp_pa
         topic.commit(topic.write_chunks(make_batch(i, 1)), writer_id="w", batch_id=i)
     assert SegmentRows.piece_scans - before <= 20  # at most once per checkpoint, not commit
     assert topic.latest_offsets() == {0: 400}
+
+
+def test_commits_go_on_while_a_checkpoint_writes_its_pieces(tmp_path, small_pieces,
+                                                            monkeypatch):
+    # Cutting a roll's sealed segments into pieces held the topic's lock: 8 partitions'
+    # took 236 ms of one commit. The pieces are now written outside it.
+    import threading
+
+    from tier_store.logstore.posix import PosixLogStore
+    real = PosixLogStore.put_piece
+    writing, release = threading.Event(), threading.Event()
+    writers = set()
+
+    def slow(self, folder, name, data):
+        writers.add(threading.current_thread().name)
+        writing.set()
+        assert release.wait(30), "the test never let the piece be written"
+        return real(self, folder, name, data)
+
+    monkeypatch.setattr(PosixLogStore, "put_piece", slow)
+    root = str(tmp_path / "store")
+    store = Store.open(root, {"log.segment.bytes": "16k", "log.checkpoint.interval": 100})
+    topic = store.create_topic("t", make_batch(0, 1).schema, partitions=2)
+    for i in range(100):  # 50 rows a partition: the checkpoint at 100 cuts a block each
+        topic.append(make_batch(i, 1), partition=i % 2)
+    assert writing.wait(30)
+    for i in range(100, 140):  # while its first piece is being written
+        topic.append(make_batch(i, 1), partition=i % 2)
+    assert topic.version == 140 and topic.checkpointed_version < 100
+    release.set()
+    settle()
+    assert topic.checkpointed_version == 100
+    assert threading.current_thread().name not in writers
+    # The pieces replaced the rows they hold: the next checkpoint names them, and a fresh
+    # handle reads every record once, in order.
+    topic.write_checkpoint()
+    _, meta = _checkpoint(os.path.join(root, "t", "_log"), 140)
+    assert sum(len(s["pieces"]) for s in meta["segments"]) >= 2
+    assert sum(meta["chunk_counts"]) < 140
+    fresh = Store.open(root).topic("t")
+    for p in range(2):
+        assert _ids(fresh, p) == list(range(p, 140, 2))
+    assert all(r.ok for r in Store.open(root).check())

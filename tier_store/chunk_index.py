@@ -5,7 +5,9 @@ Each segment's rows, in offset order, are its pieces (:mod:`tier_store.index_pie
 immutable files of the log, read when first needed) followed by its loose rows: those
 committed since its last piece was cut. A checkpoint holds the loose rows and names the
 pieces; :meth:`ChunkIndex.cut_pieces` moves full blocks of loose rows into new pieces (and
-all of a sealed segment's), so that a checkpoint stays small however long the log.
+all of a sealed segment's), so that a checkpoint stays small however long the log. A
+checkpoint plans the cut under the handle's lock, writes the pieces outside it and installs
+them under it again: a commit never waits for a piece to be written.
 
 An index read from a checkpoint keeps its loose rows in the checkpoint's Arrow table until
 first used (``inline``), so opening a topic costs the same whatever its history: who only
@@ -26,13 +28,15 @@ from .chunk_rows import (
     COLUMN_TYPES,
     COLUMNS,
     NO_TIME,
+    Cut,
     InlineRows,
     SegmentRows,
     between,
     chunk_row,
-    padding,
+    new_rows,
     rows_table,
     table_rows,
+    write_cut,
 )
 from .entries import ChunkRecord
 from .errors import CorruptLog
@@ -40,7 +44,7 @@ from .index_pieces import PIECE_ROWS, IndexPieces, PieceRef, piece_dir
 
 _EMPTY = np.empty(0, CHUNK_DTYPE)
 
-def _in_order(parts: list[np.ndarray]) -> np.ndarray:
+def in_order(parts: list[np.ndarray]) -> np.ndarray:
     """``parts`` (each in offset order) as one table in offset order."""
     parts = [x for x in parts if len(x)]
     if not parts:
@@ -124,7 +128,7 @@ class ChunkIndex:
         seg = self._segs.get(seq)
         if seg is None:
             return _EMPTY
-        return _in_order([*(self._piece(seg, r) for r in self.refs(seg)), seg.loose()])
+        return in_order([*(self._piece(seg, r) for r in self.refs(seg)), seg.loose()])
 
     def __len__(self) -> int:
         n = self._inline[2] if self._inline is not None else 0
@@ -136,7 +140,7 @@ class ChunkIndex:
         if self._all is None:
             self._split()
             segs = sorted(self._segs.values(), key=lambda s: s.base)
-            rows = _in_order([self.segment_rows(s.seq) for s in segs])
+            rows = in_order([self.segment_rows(s.seq) for s in segs])
             ChunkIndex.loads += 1
             self._all, self._all_n = rows.copy(), len(rows)
         return self._all[:self._all_n]
@@ -161,7 +165,7 @@ class ChunkIndex:
                 parts.append(seg.loose_between(start, stop))
         if len(parts) == 1:  # the usual case: one segment's rows, in order already
             return parts[0]
-        return _in_order(parts) if parts else _EMPTY
+        return in_order(parts) if parts else _EMPTY
 
     def segments_holding(self, start: int, stop: int) -> list[int]:
         """Sequence numbers of the segments with chunks in ``[start, stop)``, by base."""
@@ -220,7 +224,7 @@ class ChunkIndex:
             if seg.pieces and seg.pieces_ts_max() >= ts:
                 parts.extend(self._piece(seg, r) for r in self.refs(seg) if r.ts_max >= ts)
             parts.append(seg.loose_since(ts))
-        rows = _in_order(parts)
+        rows = in_order(parts)
         return rows[rows["ts"] >= ts]
 
     # -- changes (replay) -----------------------------------------------------------------
@@ -235,7 +239,7 @@ class ChunkIndex:
         self._grew(seg, new)
         if self._all is not None:
             if self._all_n == len(self._all):
-                grown = np.empty(max(16, 2 * self._all_n), CHUNK_DTYPE)
+                grown = new_rows(max(16, 2 * self._all_n))
                 grown[:self._all_n] = self._all[:self._all_n]
                 self._all = grown
             self._all[self._all_n] = row
@@ -253,8 +257,8 @@ class ChunkIndex:
                          ) -> None:
         """Swap the chunks of ``seqs`` for ``new`` (same offsets, new positions), segment
         ``seq`` on ``tier``. Reads the sources' pieces: timestamps travel with offsets."""
-        old = _in_order([self.segment_rows(s) for s in seqs])
-        repl = np.empty(len(new), CHUNK_DTYPE)
+        old = in_order([self.segment_rows(s) for s in seqs])
+        repl = new_rows(len(new))
         for i, c in enumerate(new):
             repl[i] = chunk_row(c, 0)
         repl.sort(order="base", kind="stable")
@@ -276,51 +280,65 @@ class ChunkIndex:
     def cut_pieces(self, sealed: Callable[[int], bool], put: Callable[[str, pa.Table], str]
                    ) -> None:
         """Move loose rows into new pieces (``put(folder, table)`` stores one and names it):
-        every full block of :data:`PIECE_ROWS`, and, once the rows left would pass a block,
-        the rest of each segment ``sealed`` says is written no more. A partition's
-        checkpoint rows thus stay under a block per segment being written, plus one."""
+        :meth:`plan_cut`, :func:`write_cut` and :meth:`install_cut` in one step."""
+        cuts = self.plan_cut(sealed)
+        write_cut(self.source, cuts, put)
+        self.install_cut(cuts)
+
+    def plan_cut(self, sealed: Callable[[int], bool]) -> list[Cut]:
+        """What to cut into pieces: every full block of :data:`PIECE_ROWS`, and, once the
+        rows left would pass a block, the rest of each segment ``sealed`` says is written no
+        more. A partition's checkpoint rows thus stay under a block per segment being
+        written, plus one. Under the lock; the rows are views (rows never change in place)."""
         self._split()
         # A sealed segment's rest goes to a piece only once the partition's loose rows pass
         # a block: a partition of few (large) chunks keeps them inline, read with the
         # checkpoint, rather than in many small pieces a new reader would each read.
         rests = sum(len(s.loose()) % PIECE_ROWS for s in self._segs.values())
+        cuts = []
         for seg in self._segs.values():
             loose = seg.loose()
-            whole = sealed(seg.seq) and rests > PIECE_ROWS
-            stop = len(loose) if whole else len(loose) // PIECE_ROWS * PIECE_ROWS
-            if not stop:
+            whole = sealed(seg.seq)
+            stop = len(loose) if whole and rests > PIECE_ROWS else \
+                len(loose) // PIECE_ROWS * PIECE_ROWS
+            # Sealed and all in pieces after: named by one list.
+            listing = whole and stop == len(loose) and (stop > 0 or seg.listed is None) and \
+                len(seg.pieces) + -(-stop // PIECE_ROWS) > 1
+            if stop or listing:
+                cuts.append(Cut(seg, piece_dir(self.partition, seg.seq, seg.tier), loose,
+                                stop, PIECE_ROWS, listing))
+        return cuts
+
+    def install_cut(self, cuts: list[Cut]) -> None:
+        """Let the pieces written replace the rows they hold, under the lock. A segment
+        changed since the plan (dropped, replaced, cut by another checkpoint) keeps its
+        rows: the next checkpoint writes the same pieces again (a name is its content)."""
+        for c in cuts:
+            seg = c.seg
+            if c.after is None or self._segs.get(seg.seq) is not seg or seg._n < c.stop or \
+                    seg.pieces is not c.pieces or seg.listed is not c.listed:
                 continue
-            folder = piece_dir(self.partition, seg.seq, seg.tier)
-            refs = []
-            for at in range(0, stop, PIECE_ROWS):
-                block = loose[at:min(stop, at + PIECE_ROWS)].copy()
-                name = put(folder, rows_table(block))
-                pad = padding(block)
-                refs.append(PieceRef(name, len(block), int(block["base"][0]),
-                                     int(block["base"][-1] + block["records"][-1]),
-                                     int(block["ts"].min()), int(block["ts"].max()),
-                                     int(block["length"].sum() + pad.sum()), int(pad[-1])))
-                self.source.keep((self.source.where(folder, name), name), block)
-            # Only once all are stored: a failed put leaves the segment's rows as they were
-            # (the pieces stored so far are named by no checkpoint, and die with the segment).
-            if seg.listed is not None:  # rows came after its list: named piece by piece
-                seg.pieces = [*self.refs(seg), *refs]
-                seg.listed = seg.loaded = None
-            else:
-                seg.pieces.extend(refs)
-            seg.keep_loose(loose[stop:])
-        for seg in self._segs.values():  # sealed and all in pieces: named by one list
-            if seg.listed is None and len(seg.pieces) > 1 and not seg._n and sealed(seg.seq):
-                seg.listed = self.source.put_list(
-                    piece_dir(self.partition, seg.seq, seg.tier), seg.pieces)
+            rest = seg.loose()[c.stop:]
+            seg.loaded = seg.loaded if seg.listed is c.after[1] else None
+            # Pieces first: a reader without the lock may see rows twice, never none.
+            seg.pieces, seg.listed = c.after
+            seg.keep_loose(rest)
+
+    def loose_parts(self, cuts: list[Cut]) -> list[np.ndarray]:
+        """The loose rows past what ``cuts`` take: views, each in offset order (see
+        :func:`in_order`); a checkpoint copies them outside the lock."""
+        if self._inline is not None:
+            return [self.loose_rows()]
+        taken = {c.seg.seq: c.stop for c in cuts}
+        return [s.loose()[taken.get(s.seq, 0):] for s in self._segs.values()]
 
     def loose_rows(self) -> np.ndarray:
         """The rows no piece holds, in offset order (what a checkpoint keeps inline)."""
         if self._inline is not None:
             held, start, n = self._inline
             appended = [s.loose() for s in self._segs.values()]
-            return _in_order([held.rows(start, n)[0], *appended])
-        return _in_order([s.loose() for s in self._segs.values()])
+            return in_order([held.rows(start, n)[0], *appended])
+        return in_order([s.loose() for s in self._segs.values()])
 
     def spans(self) -> tuple[dict[int, int], dict[int, int]]:
         """Per segment (by sequence), the bytes of its chunks each aligned, and packed as a
@@ -340,4 +358,4 @@ class ChunkIndex:
 
 
 __all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "ChunkIndex", "InlineRows",
-           "SegmentRows", "rows_table", "table_rows"]
+           "SegmentRows", "in_order", "rows_table", "table_rows"]

@@ -6,7 +6,7 @@ row passes before it is used to read a file. :class:`SegmentRows` holds one segm
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +14,7 @@ import pyarrow as pa
 from .entries import ChunkRecord
 from .errors import CorruptLog
 from .ids import bundle_halves
-from .index_pieces import PieceRef
+from .index_pieces import IndexPieces, PieceRef
 from .segment import CHUNK_ALIGN
 from .state_checks import check_chunk_rows, row_problems
 from .stats import text
@@ -36,6 +36,12 @@ _OPTIONAL_COLUMNS = {"obj_hi": 0, "obj_lo": 0, "opos": -1, "st": None}
 COLUMNS = {"length": "len", "records": "n", "checksum": "crc"}
 COLUMN_TYPES = {COLUMNS.get(n, n): pa.from_numpy_dtype(CHUNK_DTYPE[n])
                  for n in CHUNK_DTYPE.names if n not in _OPTIONAL_COLUMNS}
+
+
+def new_rows(n: int) -> np.ndarray:
+    """An array of ``n`` rows to fill. Zeroed, not empty: numpy sets an empty array's object
+    field one row at a time, at ten times the cost (a spike in the commit that grows one)."""
+    return np.zeros(n, CHUNK_DTYPE)
 
 
 def chunk_row(c: ChunkRecord, ts: int) -> tuple[int, ...]:
@@ -82,7 +88,7 @@ def table_rows(part: pa.Table, where: str, check: bool = True) -> np.ndarray:
     """The chunk rows of Arrow table ``part`` (a checkpoint's or a piece's), checked (one
     partition's or segment's rows; ``check=False``: the caller checks each)."""
     n = part.num_rows
-    rows = np.empty(n, CHUNK_DTYPE)
+    rows = new_rows(n)
     for name in CHUNK_DTYPE.names:
         col = COLUMNS.get(name, name)
         if name in _OPTIONAL_COLUMNS and col not in part.column_names:
@@ -108,8 +114,8 @@ def rows_table(rows: np.ndarray) -> pa.Table:
     return pa.table(cols)
 
 
-__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "InlineRows", "chunk_row",
-           "rows_table", "table_rows"]
+__all__ = ["CHUNK_DTYPE", "COLUMNS", "COLUMN_TYPES", "NO_TIME", "Cut", "InlineRows", "chunk_row",
+           "new_rows", "rows_table", "table_rows", "write_cut"]
 
 
 def between(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
@@ -184,7 +190,7 @@ class SegmentRows:
         if not len(rows):
             return
         if self._n + len(rows) > len(self._a):
-            grown = np.empty(max(16, 2 * (self._n + len(rows))), CHUNK_DTYPE)
+            grown = new_rows(max(16, 2 * (self._n + len(rows))))
             grown[:self._n] = self.loose()
             self._a = grown
         self._a[self._n:self._n + len(rows)] = rows
@@ -210,7 +216,7 @@ class SegmentRows:
         """Append one row (``base``, ``end``: its offsets; ``ts``: its commit time) after
         every row here."""
         if self._n == len(self._a):
-            grown = np.empty(max(16, 2 * self._n), CHUNK_DTYPE)
+            grown = new_rows(max(16, 2 * self._n))
             grown[:self._n] = self.loose()
             self._a = grown
         self._a[self._n] = row
@@ -265,3 +271,51 @@ class SegmentRows:
             span += int(loose["length"].sum() + pad.sum())
             return span, span - int(pad[-1])
         return span, span - (self.pieces[-1].pad if self.pieces else 0)
+
+
+class Cut:
+    """One segment's part in a checkpoint's cut (see :meth:`ChunkIndex.plan_cut`): its
+    rows up to ``stop`` go to pieces of ``block`` rows; ``listing``: its pieces are then
+    named by a list."""
+
+    __slots__ = ("seg", "folder", "rows", "stop", "block", "listing", "pieces", "listed",
+                 "after")
+
+    def __init__(self, seg: SegmentRows, folder: str, rows: np.ndarray, stop: int,
+                 block: int, listing: bool):
+        self.seg, self.folder, self.rows, self.stop, self.block, self.listing = \
+            seg, folder, rows, stop, block, listing
+        self.pieces, self.listed = seg.pieces, seg.listed  # as planned: install checks
+        self.after: tuple[list[PieceRef], PieceRef | None] | None = None
+
+    def pieces_of(self) -> list[PieceRef]:
+        """What a checkpoint names of the segment once cut."""
+        pieces, listed = self.after if self.after is not None else (self.pieces, self.listed)
+        return [listed] if listed is not None else list(pieces)
+
+
+def write_cut(source: IndexPieces, cuts: list[Cut], put: Callable[[str, pa.Table], str]
+              ) -> None:
+    """Store the pieces (and lists) ``cuts`` plan (``put(folder, table)`` stores a piece and
+    names it; ``source`` keeps its rows for reuse). It reads no state, so a checkpoint runs
+    it outside the handle's lock."""
+    for c in cuts:
+        refs = []
+        for at in range(0, c.stop, c.block):
+            block = c.rows[at:min(c.stop, at + c.block)].copy()
+            name = put(c.folder, rows_table(block))
+            pad = padding(block)
+            refs.append(PieceRef(name, len(block), int(block["base"][0]),
+                                 int(block["base"][-1] + block["records"][-1]),
+                                 int(block["ts"].min()), int(block["ts"].max()),
+                                 int(block["length"].sum() + pad.sum()), int(pad[-1])))
+            source.keep((source.where(c.folder, name), name), block)
+        listed = c.listed
+        if listed is not None and refs:  # rows came after its list: named one by one
+            before = c.seg.loaded or source.load_list(c.folder, listed)
+            pieces, listed = [*before, *refs], None
+        else:
+            pieces = [*c.pieces, *refs]
+        if c.listing and listed is None and len(pieces) > 1:
+            listed = source.put_list(c.folder, pieces)
+        c.after = (pieces, listed)

@@ -38,7 +38,6 @@ import logging
 import struct
 import time
 
-import numpy as np
 import pyarrow as pa
 import xxhash
 
@@ -47,6 +46,7 @@ from .entries import CreateEntry, Entry, decode
 from .errors import CorruptLog, TopicNotFound
 from .index_pieces import PiecesGone
 from .logstore import LogStore, PosixLogStore
+from .pending_checkpoint import PendingCheckpoint
 from .state import TopicState, checkpoint_table
 
 log = logging.getLogger(__name__)
@@ -276,25 +276,28 @@ class CommitLog:
     # -- checkpoints and cleanup ----------------------------------------------------------
     def write_checkpoint(self, state: TopicState, grace_ms: int, interval: int = 0) -> None:
         """Write ``state`` as a checkpoint, point ``_last_checkpoint`` at it, clean up."""
-        parts = self.checkpoint_parts(state)
-        if parts is not None:
-            self.finish_checkpoint(*parts, grace_ms, interval)
+        pending = self.begin_checkpoint(state)
+        if pending is not None:
+            pending.write_pieces()
+            pending.install()
+            self.finish_checkpoint(pending, grace_ms, interval)
 
-    def checkpoint_parts(self, state: TopicState) -> tuple[int, np.ndarray, bytes] | None:
+    def begin_checkpoint(self, state: TopicState) -> PendingCheckpoint | None:
         """The first step of :meth:`write_checkpoint`, the one that reads ``state`` (so under
-        its handle's lock): its index pieces written, its version, loose rows and metadata.
-        None if a checkpoint at or past its version is there already."""
+        its handle's lock; see :mod:`tier_store.pending_checkpoint`). None if a checkpoint
+        at or past its version is there already."""
         previous = self.last_checkpoint()
         if previous is not None and previous >= state.version:
             return None
         state.index.store = self.store
-        return (state.version, *state.checkpoint_parts(put=state.index.put))
+        return state.begin_checkpoint(put=state.index.put)
 
-    def finish_checkpoint(self, version: int, rows: np.ndarray, meta: bytes, grace_ms: int,
+    def finish_checkpoint(self, pending: PendingCheckpoint, grace_ms: int,
                           interval: int = 0) -> None:
-        """The rest of :meth:`write_checkpoint`, from :meth:`checkpoint_parts`: it reads no
-        state, so it runs outside the handle's lock (a commit does not wait for it)."""
-        table = checkpoint_table(rows, meta)
+        """The last step of :meth:`write_checkpoint`, once its pieces are written: it reads
+        no state, so it runs outside the handle's lock (a commit does not wait for it)."""
+        version = pending.version
+        table = checkpoint_table(*pending.parts())
         crash_point("checkpoint.pieces")
         self.store.write_checkpoint(version, encode_checkpoint(table, version))
         crash_point("checkpoint.pointer")

@@ -58,6 +58,7 @@ from .entries import (
 from .errors import CorruptLog
 from .index_pieces import IndexPieces, PieceRef
 from .layout import segment_id
+from .pending_checkpoint import PendingCheckpoint
 from .schemas import checked_schema, schema_to_text
 from .state_checks import check_checkpoint_meta, entry_problem
 
@@ -284,18 +285,19 @@ class TopicState:
     def checkpoint_parts(self, put: Callable[[str, pa.Table], str] | None = None
                          ) -> tuple[np.ndarray, bytes]:
         """What :meth:`to_checkpoint` holds, apart from the state: a copy of the loose rows
-        and the metadata's JSON. Under the handle's lock this is the one step that must be;
-        :func:`checkpoint_table` makes the table from them after."""
-        if put is not None:
-            for part in self.parts:
-                live = _live_segments(part)
-                part.chunks.cut_pieces(lambda seq, live=live: seq not in live, put)
-        segments = []
-        for s in self.segments.values():
-            d = _segment_json(s)
-            d["pieces"] = [r.to_json() for r in self.parts[s.partition].chunks.pieces_of(s.seq)]
-            segments.append(d)
-        loose = [q.chunks.loose_rows() for q in self.parts]
+        and the metadata's JSON (:func:`checkpoint_table` makes the table from them). With
+        ``put``, pieces are cut first, all under the handle's lock (:meth:`begin_checkpoint`
+        keeps their writing out of it)."""
+        pending = self.begin_checkpoint(put)
+        pending.write_pieces()
+        pending.install()
+        return pending.parts()
+
+    def begin_checkpoint(self, put: Callable[[str, pa.Table], str] | None = None
+                         ) -> PendingCheckpoint:
+        """A checkpoint of the state as it is now: what it needs is taken here, under the
+        handle's lock; the rest is done outside it (see :mod:`tier_store.pending_checkpoint`).
+        With ``put``, full blocks of rows and the rows of sealed segments go to pieces."""
         meta = {
             # 5 once the schema changed, 4 when a segment is in a lake: other stores stay
             # readable by older readers.
@@ -310,13 +312,16 @@ class TopicState:
             "topic_id": self.topic_id,
             **({"schemas": self.schemas} if len(self.schemas) > 1 else {}),
             "next_offset": self.next_offset, "start_offset": self.start_offset,
-            "segments": segments,
+            "segments": None,  # with their pieces, once cut
             "writers": self.writers, "positions": self.positions,
             "tombstones": self.tombstones,
-            "chunk_counts": [len(x) for x in loose],
+            "chunk_counts": None,
         }
-        rows = np.concatenate(loose) if loose else np.empty(0, CHUNK_DTYPE)  # a copy
-        return rows, json.dumps(meta).encode()
+        return PendingCheckpoint(
+            self.version, [q.chunks for q in self.parts],
+            [_live_segments(q) for q in self.parts],
+            [(s.partition, s.seq, _segment_json(s)) for s in self.segments.values()],
+            json.dumps(meta), put)  # the JSON now: the state changes after the lock
 
     @classmethod
     def from_checkpoint(cls, table: pa.Table, where: str, version: int | None = None,

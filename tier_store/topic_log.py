@@ -102,17 +102,20 @@ class TopicLog:
         return max(self._known_checkpoint, self._started_checkpoint)
 
     def start_checkpoint(self, grace_ms: int, interval: int = 0) -> Callable[[], int]:
-        """Take what a checkpoint of the state as it is needs, under the lock (its index
-        pieces are written now); returns the rest, which writes it outside the lock and
-        returns its version."""
+        """Take what a checkpoint of the state as it is needs, under the lock; returns the
+        rest, which writes its pieces and itself outside the lock (taking it again briefly
+        to install the pieces) and returns its version."""
         with self.lock:
             version = self._state.version
-            parts = self.commit_log.checkpoint_parts(self._state)
+            pending = self.commit_log.begin_checkpoint(self._state)
             self._started_checkpoint = max(self._started_checkpoint, version)
 
         def finish() -> int:
-            if parts is not None:
-                self.commit_log.finish_checkpoint(*parts, grace_ms, interval)
+            if pending is not None:
+                pending.write_pieces()
+                with self.lock:
+                    pending.install()
+                self.commit_log.finish_checkpoint(pending, grace_ms, interval)
             self._known_checkpoint = max(self._known_checkpoint, version)
             return version
         return finish
