@@ -6,8 +6,9 @@ visible, under the committing handle's lock:
 
 1. Every ``log.checkpoint.interval`` versions (or when the last checkpoint this handle
    wrote is ``2 * log.checkpoint.interval`` versions old), take what a checkpoint of the
-   state needs, and leave writing it, then collecting garbage (:mod:`.garbage`), to the
-   maintenance thread (:mod:`.deferred`): the commit does not wait for that I/O.
+   state needs, and leave writing it to the maintenance thread (:mod:`.deferred`): the
+   commit does not wait for that I/O. Then collect garbage (:mod:`.garbage`) here, where
+   no append of this thread holds a partition's lock.
 2. Apply retention (:mod:`.retention`) and collect dropped segments' index pieces
    (:mod:`.pieces`), at most every ``log.retention.check.interval.ms`` per host.
 3. On a store shared by many hosts, reclaim the topic's bundles no committed chunk names
@@ -61,6 +62,13 @@ def after_commit(topic: Topic) -> None:
             _failed(topic, version, f"writing the checkpoint at version {version}", e)
         else:
             deferred.submit(topic.log, lambda: _checkpoint_rest(topic, version, finish))
+        # Here, not on the maintenance thread: a file is reclaimed under its partition's
+        # append lock, taken without waiting, and a writer's next append holds it nearly
+        # always (a producer's tier 1 filled with files retention had dropped).
+        try:
+            collect_garbage(topic)
+        except Exception as e:
+            _failed(topic, version, "collecting garbage", e)
     try:
         if retention_due(topic):
             apply_retention(topic)
@@ -74,15 +82,11 @@ def after_commit(topic: Topic) -> None:
 
 
 def _checkpoint_rest(topic: Topic, version: int, finish: Callable[[], int]) -> None:
-    """On the maintenance thread: write the checkpoint, then collect garbage."""
+    """On the maintenance thread: write the checkpoint."""
     try:
         finish()
     except Exception as e:
         _failed(topic, version, f"writing the checkpoint at version {version}", e)
-    try:
-        collect_garbage(topic)
-    except Exception as e:
-        _failed(topic, version, "collecting garbage", e)
 
 
 def _failed(topic: Topic, version: int, what: str, e: Exception) -> None:
